@@ -1,0 +1,1 @@
+"""The simrun command line."""

@@ -1,0 +1,1 @@
+"""A typed Python client of simrun."""

@@ -1,0 +1,1 @@
+"""A discrete-event cluster simulator."""

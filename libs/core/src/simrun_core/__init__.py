@@ -1,0 +1,1 @@
+"""The control-plane domain that simrun's services share."""

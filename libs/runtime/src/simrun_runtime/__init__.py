@@ -1,0 +1,1 @@
+"""What runs inside a simrun pod and what a model imports."""

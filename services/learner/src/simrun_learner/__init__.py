@@ -1,0 +1,1 @@
+"""The resource learner: observations and resolved requests."""

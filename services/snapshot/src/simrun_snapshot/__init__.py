@@ -1,0 +1,1 @@
+"""The snapshot service: content-named snapshots in the store."""

@@ -1,0 +1,1 @@
+"""The run tracker: runs, tasks and pods through an executor port."""
