@@ -1,0 +1,29 @@
+"""Atomic writes: a file of the store appears whole or not at all (written aside, then renamed)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Writes `data` to a temporary file beside `path`, flushes it, and renames it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Writes `data` as indented, key-sorted JSON, atomically."""
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    """Reads a JSON file of the store."""
+    return json.loads(path.read_text())

@@ -1,0 +1,190 @@
+"""The run store layout of the concepts page: every path of the store is named here and nowhere else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_RECORD = "run.json"
+ENVIRONMENT_LOCK = "environment.lock"
+SETTINGS = "settings.json"
+PROVENANCE = "provenance.json"
+SUMMARY = "summary.json"
+MERGE_MARKER = ".merged"
+PROGRESS = "progress.jsonl"
+UNIT_COUNT = "count"
+
+
+@dataclass(frozen=True)
+class LedgerLayout:
+    """The ledger of a split task: `tasks/<task>/units/`."""
+
+    root: Path
+
+    @property
+    def pending(self) -> Path:
+        return self.root / "pending"
+
+    @property
+    def claimed(self) -> Path:
+        return self.root / "claimed"
+
+    @property
+    def done(self) -> Path:
+        return self.root / "done"
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.root / "heartbeats"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results"
+
+    @property
+    def count_file(self) -> Path:
+        """The number of units, written when the ledger is created."""
+        return self.root / UNIT_COUNT
+
+    def pending_unit(self, index: int) -> Path:
+        return self.pending / str(index)
+
+    def claimed_unit(self, index: int, worker: str) -> Path:
+        return self.claimed / f"{index}@{worker}"
+
+    def done_unit(self, index: int) -> Path:
+        return self.done / str(index)
+
+    def heartbeat(self, worker: str) -> Path:
+        return self.heartbeats / worker
+
+    def result(self, index: int) -> Path:
+        """The directory of a unit's results, renamed into place once complete."""
+        return self.results / str(index)
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """The files of one task of a run: `runs/<id>/tasks/<task>/`."""
+
+    root: Path
+
+    @property
+    def task_id(self) -> str:
+        return self.root.name
+
+    @property
+    def settings(self) -> Path:
+        return self.root / SETTINGS
+
+    @property
+    def provenance(self) -> Path:
+        return self.root / PROVENANCE
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    def out_port(self, port: str) -> Path:
+        return self.out / port
+
+    @property
+    def summary(self) -> Path:
+        return self.out / SUMMARY
+
+    @property
+    def merge_marker(self) -> Path:
+        """Written last by the coordinator's merge: the task's output is complete."""
+        return self.out / MERGE_MARKER
+
+    @property
+    def units(self) -> LedgerLayout:
+        return LedgerLayout(self.root / "units")
+
+    @property
+    def workers(self) -> Path:
+        """The reports of the pods."""
+        return self.root / "workers"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / PROGRESS
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The files of one run: `runs/<id>/`."""
+
+    root: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.root.name
+
+    @property
+    def record(self) -> Path:
+        return self.root / RUN_RECORD
+
+    @property
+    def environment_lock(self) -> Path:
+        return self.root / ENVIRONMENT_LOCK
+
+    @property
+    def tasks(self) -> Path:
+        return self.root / "tasks"
+
+    def task(self, task_id: str) -> TaskLayout:
+        return TaskLayout(self.tasks / task_id)
+
+    @property
+    def store(self) -> StoreLayout:
+        """The store this run lives in (`runs/<id>` is two levels below its root)."""
+        return StoreLayout(self.root.parent.parent)
+
+
+@dataclass(frozen=True)
+class StoreLayout:
+    """The run store: `runs/` and `snapshots/` under one root."""
+
+    root: Path
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    def run(self, run_id: str) -> RunLayout:
+        return RunLayout(self.runs / run_id)
+
+    @property
+    def snapshots(self) -> Path:
+        return self.root / "snapshots"
+
+    def snapshot_name(self, name: str) -> Path:
+        """All snapshots of one source name: `snapshots/<name>/`."""
+        return self.snapshots / name
+
+    def snapshot(self, name: str, snapshot_id: str) -> Path:
+        """The files of one snapshot: `snapshots/<name>/<snapshot_id>/`."""
+        return self.snapshots / name / snapshot_id
+
+    def snapshot_files(self, name: str, snapshot_id: str) -> Path:
+        """The map of a snapshot's paths to their content hashes, beside it."""
+        return self.snapshots / name / f"{snapshot_id}.files.json"
+
+    def snapshot_latest(self, name: str) -> Path:
+        """The id of the last snapshot made of a name, which the next one hard-links against."""
+        return self.snapshots / name / "latest"
+
+    @property
+    def index(self) -> Path:
+        """The SQLite index beside the store, a cache rebuilt from the records."""
+        return self.root / "index.sqlite"
+
+    @property
+    def observations(self) -> Path:
+        """The learner's SQLite database of observations."""
+        return self.root / "observations.sqlite"

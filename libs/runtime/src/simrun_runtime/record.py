@@ -1,0 +1,140 @@
+"""The record of a run (`runs/<id>/run.json`): what a pod reads to find its task, and what the tracker keeps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from simrun_runtime.files import read_json, write_json_atomic
+from simrun_runtime.layout import RunLayout, StoreLayout
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class RunState(StrEnum):
+    """The lifecycle of a run."""
+
+    SUBMITTING = "submitting"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+
+
+class TaskState(StrEnum):
+    """The lifecycle of a task of a run."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
+
+
+class Provenance(BaseModel):
+    """Where the sources of a snapshot came from."""
+
+    branch: str | None = None
+    commit: str | None = None
+    changed_files: list[str] = Field(default_factory=list)
+    dirty: bool = False
+
+
+class SnapshotRef(BaseModel):
+    """A snapshot a run uses; the first of a run is its model."""
+
+    name: str
+    snapshot_id: str
+    path: str = Field(description="The snapshot's folder, relative to the store root, or absolute.")
+    provenance: Provenance = Field(default_factory=Provenance)
+
+    def resolve(self, store: StoreLayout) -> Path:
+        return (store.root / self.path).resolve()
+
+
+class Identity(BaseModel):
+    """Who submitted a run: a person (the cluster's owner or another) or an agent acting for one."""
+
+    name: str
+    kind: str = Field(description="owner, person or agent")
+    on_behalf_of: str | None = None
+    priority: str = Field(description="owner, standard or agent")
+
+
+class OomKill(BaseModel):
+    """A pod killed for memory."""
+
+    task_id: str
+    worker: str
+    memory_gb: float
+    per_worker_gb: float
+    at: datetime = Field(default_factory=utcnow)
+
+
+class TaskRecord(BaseModel):
+    """A task of the run as recorded: its type, inputs, plan and state."""
+
+    task_id: str
+    type: str = Field(description="`module:Class` or the name of a `simrun.task_types` entry point.")
+    inputs: dict[str, str] = Field(default_factory=dict, description="input port -> `<task>.<port>`")
+    split: bool = False
+    mode: str = "fastest"
+    units: int | None = None
+    cost_value: str | None = None
+    plan: dict[str, Any] | None = None
+    state: TaskState = TaskState.PENDING
+    message: str = ""
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+
+
+class RunRecord(BaseModel):
+    """The source of truth of a run; the SQLite index is rebuilt from these."""
+
+    run_id: str
+    group: str = "default"
+    workflow: dict[str, Any] = Field(default_factory=dict, description="The workflow as submitted.")
+    identity: Identity
+    state: RunState = RunState.SUBMITTING
+    tasks: dict[str, TaskRecord] = Field(default_factory=dict, description="In the order they run.")
+    snapshots: list[SnapshotRef] = Field(default_factory=list)
+    environment: str | None = Field(default=None, description="The image or interpreter of the run.")
+    reservation: str | None = Field(default=None, description="The node the run reserves.")
+    oom_kills: list[OomKill] = Field(default_factory=list)
+    cancel_requested: bool = False
+    message: str = ""
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+
+    @property
+    def priority(self) -> str:
+        return self.identity.priority
+
+    def model_root(self, store: StoreLayout) -> Path | None:
+        """The root of the model's snapshot, first on `sys.path` of every task."""
+        return self.snapshots[0].resolve(store) if self.snapshots else None
+
+    def save(self, run: RunLayout) -> None:
+        self.updated_at = utcnow()
+        write_json_atomic(run.record, self.model_dump(mode="json"))
+
+    @classmethod
+    def load(cls, run: RunLayout) -> RunRecord:
+        return cls.model_validate(read_json(run.record))
