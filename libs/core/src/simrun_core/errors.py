@@ -1,0 +1,66 @@
+"""The domain errors of simrun: one hierarchy, mapped to gRPC status codes in one place (rpc.errors)."""
+
+from __future__ import annotations
+
+
+class SimrunError(Exception):
+    """A failure a caller can act on; its message is one line that says what to fix."""
+
+    code_name = "INTERNAL"
+
+
+class InvalidArgument(SimrunError):
+    """A bad workflow, setting or request field."""
+
+    code_name = "INVALID_ARGUMENT"
+
+
+class NotFound(SimrunError):
+    """A run, task, snapshot or other resource that does not exist."""
+
+    code_name = "NOT_FOUND"
+
+
+class AlreadyExists(SimrunError):
+    """A resource that exists already."""
+
+    code_name = "ALREADY_EXISTS"
+
+
+class FailedPrecondition(SimrunError):
+    """A task that fits no node, a reservation already held, or a state that forbids the request."""
+
+    code_name = "FAILED_PRECONDITION"
+
+
+class PermissionDenied(SimrunError):
+    """An identity that may not do this, e.g. cancel another's run."""
+
+    code_name = "PERMISSION_DENIED"
+
+
+class Unauthenticated(SimrunError):
+    """A request without a token, or with an unknown one."""
+
+    code_name = "UNAUTHENTICATED"
+
+
+class Unavailable(SimrunError):
+    """A service that cannot be reached right now."""
+
+    code_name = "UNAVAILABLE"
+
+
+ERRORS_BY_CODE_NAME: dict[str, type[SimrunError]] = {
+    cls.code_name: cls
+    for cls in (
+        SimrunError,
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        PermissionDenied,
+        Unauthenticated,
+        Unavailable,
+    )
+}
