@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simrun_core.errors import InvalidArgument, Unauthenticated
+from simrun_core.validation import first_error
 
 
 class Priority(StrEnum):
@@ -106,9 +107,7 @@ class TokenRegistry:
         try:
             parsed = _TokensFile.model_validate(data)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise InvalidArgument(f"{source}: {where}: {first['msg']}") from exc
+            raise InvalidArgument(f"{source}: {first_error(exc)}") from exc
         identities: dict[str, Identity] = {}
         for token, entry in parsed.tokens.items():
             identities[token] = _identity(parsed.owner, entry)

@@ -1,0 +1,101 @@
+"""Configuration of a simrun server and of its clients: where the store is, who may call, which nodes exist."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simrun_core.errors import InvalidArgument
+from simrun_core.validation import first_error
+
+DEFAULT_PORT = 50551
+DEFAULT_ENDPOINT = f"127.0.0.1:{DEFAULT_PORT}"
+
+
+def simrun_home() -> Path:
+    """The folder of this machine's embedded server: `$SIMRUN_HOME`, else `~/.simrun`."""
+    return Path(os.environ.get("SIMRUN_HOME") or Path.home() / ".simrun").expanduser()
+
+
+class NodeConfig(BaseModel):
+    """A node of the local executor: a share of this machine."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    cores: int = Field(gt=0)
+    memory_gb: float = Field(gt=0, description="GiB")
+    gpus: int = Field(default=0, ge=0)
+
+
+class ServiceAddresses(BaseModel):
+    """Where the gateway finds each service when they run apart; empty means served in this process."""
+
+    model_config = ConfigDict(extra="forbid")
+    planner: str = ""
+    learner: str = ""
+    snapshot: str = ""
+    tracker: str = ""
+
+
+class ServerConfig(BaseModel):
+    """Everything `simrun server` and each service's `__main__` need."""
+
+    model_config = ConfigDict(extra="forbid")
+    store: Path = Field(default_factory=lambda: simrun_home() / "store")
+    address: str = f"127.0.0.1:{DEFAULT_PORT}"
+    tokens_file: Path | None = Field(default=None, description="None: the home's tokens.yaml, made if missing.")
+    nodes: list[NodeConfig] | None = Field(default=None, description="None: one node with this machine's size.")
+    services: ServiceAddresses = Field(default_factory=ServiceAddresses)
+    grace_s: float = Field(default=10.0, gt=0, description="Seconds a stopped pod has before SIGKILL.")
+    merge_wait_s: float = Field(default=120.0, ge=0, description="Seconds to await the merge marker.")
+
+    @classmethod
+    def load(cls, path: Path) -> ServerConfig:
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+            return cls.model_validate(data)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read the server config {path}: {exc.strerror}") from exc
+        except (yaml.YAMLError, ValidationError) as exc:
+            raise InvalidArgument(f"bad server config {path}: {_first_error(exc)}") from exc
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return first_error(exc)
+    return str(exc).splitlines()[0]
+
+
+def ensure_local_tokens(home: Path) -> tuple[Path, str]:
+    """The home's tokens file and the owner's token, made on first start so one person can begin at once.
+
+    The file names this machine's user the cluster's owner; the token is also written to `<home>/token`
+    (mode 0600), where the CLI looks when neither --token nor SIMRUN_TOKEN is given.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    tokens_file = home / "tokens.yaml"
+    token_file = home / "token"
+    if not tokens_file.exists():
+        owner = os.environ.get("USER") or "owner"
+        token = secrets.token_urlsafe(24)
+        tmp = tokens_file.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({"owner": owner, "tokens": {token: {"name": owner}}}))
+        tmp.chmod(0o600)
+        tmp.replace(tokens_file)
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+    return tokens_file, token_file.read_text().strip() if token_file.exists() else ""
+
+
+def client_token(explicit: str | None) -> str | None:
+    """The token a client sends: the explicit one, else `$SIMRUN_TOKEN`, else the home's `token` file."""
+    if explicit:
+        return explicit
+    if env := os.environ.get("SIMRUN_TOKEN"):
+        return env
+    token_file = simrun_home() / "token"
+    return token_file.read_text().strip() if token_file.exists() else None

@@ -1,0 +1,128 @@
+"""Workflow files: parsing, and the checks that need no task type (names, input references, cycles)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from graphlib import CycleError, TopologicalSorter
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from simrun_core.errors import InvalidArgument
+from simrun_core.resources import SplitMode
+from simrun_core.validation import first_error
+
+# Task ids become parts of pod and Kubernetes object names: DNS-1123 labels, kept short.
+_TASK_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+_INPUT_REF = re.compile(r"^(?P<task>[^.\s]+)\.(?P<port>[^.\s]+)$")
+
+
+class TaskSpec(BaseModel):
+    """One task of a workflow file."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: str = Field(min_length=1, description="`module:Class` or a `simrun.task_types` entry point name.")
+    settings: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(default_factory=dict, description="input port -> `<task>.<port>`")
+    mode: SplitMode | None = None
+
+
+class WorkflowSpec(BaseModel):
+    """A workflow file: tasks with types, settings and inputs; a mode, group and reservation for the run."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = "workflow"
+    group: str | None = None
+    mode: SplitMode = SplitMode.FASTEST
+    reserve: str | None = None
+    tasks: dict[str, TaskSpec] = Field(min_length=1)
+
+    @field_validator("tasks")
+    @classmethod
+    def _task_ids(cls, tasks: dict[str, TaskSpec]) -> dict[str, TaskSpec]:
+        for task_id in tasks:
+            if not _TASK_ID.match(task_id):
+                raise ValueError(
+                    f"task id {task_id!r} must be lowercase letters, digits and '-', at most 40 characters"
+                )
+        return tasks
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """An input of a task: the output port `port` of the task `task`."""
+
+    task: str
+    port: str
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A parsed workflow whose tasks are in the order they run (inputs first)."""
+
+    spec: WorkflowSpec
+    text: str
+    order: tuple[str, ...]
+    inputs: dict[str, dict[str, InputRef]] = field(default_factory=dict)
+
+    def mode_of(self, task_id: str, override: SplitMode | None = None) -> SplitMode:
+        """The split mode of a task: the submission's, else the task's, else the workflow's."""
+        return override or self.spec.tasks[task_id].mode or self.spec.mode
+
+
+def parse_workflow(text: str, source: str = "workflow") -> Workflow:
+    """Parses a workflow file and checks what needs no task type.
+
+    Raises:
+        InvalidArgument: bad YAML, an unknown or missing field, a bad task id, an input naming a task that does
+            not exist or not written `<task>.<port>`, a task reading itself, or a cycle (named).
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidArgument(f"{source} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{source} must be a mapping with `tasks:`")
+    try:
+        spec = WorkflowSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidArgument(f"{source}: {first_error(exc)}") from exc
+    inputs: dict[str, dict[str, InputRef]] = {}
+    graph: dict[str, set[str]] = {}
+    for task_id, task in spec.tasks.items():
+        refs: dict[str, InputRef] = {}
+        for port, ref_text in task.inputs.items():
+            match = _INPUT_REF.match(ref_text)
+            if not match:
+                raise InvalidArgument(
+                    f"{source}: tasks.{task_id}.inputs.{port}: {ref_text!r} must be written <task>.<port>"
+                )
+            ref = InputRef(match["task"], match["port"])
+            if ref.task not in spec.tasks:
+                raise InvalidArgument(
+                    f"{source}: tasks.{task_id}.inputs.{port}: no task {ref.task!r} in the workflow"
+                )
+            if ref.task == task_id:
+                raise InvalidArgument(f"{source}: tasks.{task_id}.inputs.{port}: a task cannot read itself")
+            refs[port] = ref
+        inputs[task_id] = refs
+        graph[task_id] = {ref.task for ref in refs.values()}
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as exc:
+        cycle = " -> ".join(exc.args[1])
+        raise InvalidArgument(f"{source}: the tasks' inputs form a cycle: {cycle}") from exc
+    return Workflow(spec=spec, text=text, order=_stable_order(list(spec.tasks), graph), inputs=inputs)
+
+
+def _stable_order(tasks: list[str], graph: dict[str, set[str]]) -> tuple[str, ...]:
+    """Inputs first, and the file's order among tasks that do not depend on each other."""
+    done: list[str] = []
+    remaining = list(tasks)
+    while remaining:
+        ready = next(t for t in remaining if graph[t] <= set(done))
+        done.append(ready)
+        remaining.remove(ready)
+    return tuple(done)
