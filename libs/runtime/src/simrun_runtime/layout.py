@@ -179,6 +179,10 @@ class StoreLayout:
         """The id of the last snapshot made of a name, which the next one hard-links against."""
         return self.snapshots / name / "latest"
 
+    def snapshot_temp(self, name: str, token: str) -> Path:
+        """A folder or file written aside in `snapshots/<name>/`, renamed into place once whole (`.tmp-<token>`)."""
+        return self.snapshots / name / f".tmp-{token}"
+
     @property
     def index(self) -> Path:
         """The SQLite index beside the store, a cache rebuilt from the records."""
