@@ -1,0 +1,123 @@
+"""Conversions between the planner's protobuf messages and its domain objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simrun.v1 import common_pb2
+from simrun_core.errors import InvalidArgument
+from simrun_core.identity import Priority
+from simrun_core.resources import ResolutionRule, ResolvedResources, SplitMode
+
+from simrun_planner.planning import POD_START_S, Node, PodShape, TaskPlan
+
+_PRIORITIES = {
+    common_pb2.PRIORITY_OWNER: Priority.OWNER,
+    common_pb2.PRIORITY_STANDARD: Priority.STANDARD,
+    common_pb2.PRIORITY_AGENT: Priority.AGENT,
+}
+_MODES = {
+    common_pb2.SPLIT_MODE_UNSPECIFIED: SplitMode.FASTEST,
+    common_pb2.SPLIT_MODE_FASTEST: SplitMode.FASTEST,
+    common_pb2.SPLIT_MODE_SINGLE_SERVER: SplitMode.SINGLE_SERVER,
+}
+_RULES = {
+    common_pb2.RESOLUTION_RULE_UNSPECIFIED: ResolutionRule.HINT,
+    common_pb2.RESOLUTION_RULE_HINT: ResolutionRule.HINT,
+    common_pb2.RESOLUTION_RULE_PERCENTILE: ResolutionRule.PERCENTILE,
+    common_pb2.RESOLUTION_RULE_OOM_FLOOR: ResolutionRule.OOM_FLOOR,
+}
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """A task as the planner reads it from a request: its id."""
+
+    id: str
+
+
+def resources_from_proto(message: common_pb2.ResolvedResources) -> ResolvedResources:
+    """The domain resources of a message; an unset rule is the hint's."""
+    return ResolvedResources(
+        base_memory_gb=message.base_memory_gb,
+        per_worker_gb=message.per_worker_gb,
+        cores_per_process=message.cores_per_process,
+        gpus=message.gpus,
+        scratch_gb=message.scratch_gb,
+        unit_seconds=message.unit_seconds if message.HasField("unit_seconds") else None,
+        rule=_RULES.get(message.rule, ResolutionRule.HINT),
+        reason=message.reason,
+    )
+
+
+def node_from_proto(message: common_pb2.Node) -> Node:
+    """A node; unset (zero) allocatable cores and memory default to the node's cores and memory."""
+    return Node(
+        name=message.name,
+        cores=message.cores,
+        memory_gb=message.memory_gb,
+        gpus=message.gpus,
+        reserved_by=message.reserved_by or None,
+        allocatable_cores=message.allocatable_cores or None,  # type: ignore[arg-type]
+        allocatable_memory_gb=message.allocatable_memory_gb or None,  # type: ignore[arg-type]
+    )
+
+
+def nodes_from_proto(messages: list[common_pb2.Node] | object) -> list[Node]:
+    """The nodes of a request."""
+    return [node_from_proto(m) for m in messages]  # type: ignore[attr-defined]
+
+
+def max_processes_from_proto(value: int) -> int | None:
+    """0 stands for as many as fit."""
+    return None if value == 0 else value
+
+
+def mode_from_proto(value: int) -> SplitMode:
+    """An unset mode is the default, fastest."""
+    try:
+        return _MODES[value]
+    except KeyError:
+        raise InvalidArgument(f"unknown split mode {value}") from None
+
+
+def priority_from_proto(value: int) -> Priority:
+    """A run's priority; the gateway fills it in, so an unset one is refused."""
+    try:
+        return _PRIORITIES[value]
+    except KeyError:
+        raise InvalidArgument(f"priority must be owner, standard or agent, got {value}") from None
+
+
+def pod_start_from_proto(value: float) -> float:
+    """0 stands for the default seconds a pod takes to start."""
+    return POD_START_S if value == 0 else value
+
+
+def shape_to_proto(shape: PodShape) -> common_pb2.PodShape:
+    """The message of a pod shape."""
+    return common_pb2.PodShape(
+        cores=shape.cores,
+        memory_gb=shape.memory_gb,
+        processes=shape.processes,
+        per_worker_gb=shape.per_worker_gb,
+        retry_memory_gb=shape.retry_memory_gb,
+        retry_per_worker_gb=shape.retry_per_worker_gb,
+        scratch_gb=shape.scratch_gb,
+        gpus=shape.gpus,
+    )
+
+
+def plan_to_proto(plan: TaskPlan) -> common_pb2.TaskPlan:
+    """The message of a task plan; units stay absent for an unsplit task."""
+    message = common_pb2.TaskPlan(
+        task_id=plan.task_id,
+        pods=plan.pods,
+        shape=shape_to_proto(plan.shape),
+        base_priority=plan.base_priority,
+        extra_priority=plan.extra_priority,
+        coordinator_merges=plan.coordinator_merges,
+    )
+    if plan.units is not None:
+        message.units = plan.units
+    return message
