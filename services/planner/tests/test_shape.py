@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from simrun_core.errors import InvalidArgument
-
 from simrun_planner import Node, PlanError, PodShape, ResolvedResources, retry_processes, shape
 
 
@@ -62,7 +61,7 @@ SHAPES = [
     ),
     pytest.param(
         R(1, 2),
-        nodes(6, 8, 32, prefix="small") + [Node("big", 64, 512)],
+        [*nodes(6, 8, 32, prefix="small"), Node("big", 64, 512)],
         None,
         None,
         PodShape(8, 17, 8, 2, 25, 3, 0, 0),
@@ -70,7 +69,7 @@ SHAPES = [
     ),
     pytest.param(
         R(2, 40),
-        nodes(6, 8, 32, prefix="small") + [Node("big", 64, 512)],
+        [*nodes(6, 8, 32, prefix="small"), Node("big", 64, 512)],
         None,
         None,
         PodShape(12, 482, 12, 40, 482, 60, 0, 0),
@@ -86,7 +85,7 @@ SHAPES = [
     ),
     pytest.param(
         R(1, 2),
-        [Node("mine", 32, 128, reserved_by="run-me")] + nodes(4, 8, 32),
+        [Node("mine", 32, 128, reserved_by="run-me"), *nodes(4, 8, 32)],
         None,
         "run-me",
         PodShape(32, 65, 32, 2, 97, 3, 0, 0),
@@ -94,7 +93,7 @@ SHAPES = [
     ),
     pytest.param(
         R(1, 2),
-        [Node("theirs", 32, 128, reserved_by="run-other")] + nodes(4, 8, 32),
+        [Node("theirs", 32, 128, reserved_by="run-other"), *nodes(4, 8, 32)],
         None,
         "run-me",
         PodShape(8, 17, 8, 2, 25, 3, 0, 0),
@@ -155,7 +154,7 @@ def test_retry_processes_follow_the_retry_memory() -> None:
     [
         pytest.param(
             R(2, 600),
-            nodes(6, 8, 32, prefix="small") + [Node("big", 64, 512)],
+            [*nodes(6, 8, 32, prefix="small"), Node("big", 64, 512)],
             "one worker needs 1 core(s), 602 GiB of memory (2 GiB base + 600 GiB per process) and 0 GPU(s); "
             "the largest usable node, big, has 64 cores, 512 GiB and 0 GPU(s)",
             id="worker-larger-than-every-node",
@@ -166,7 +165,7 @@ def test_retry_processes_follow_the_retry_memory() -> None:
         pytest.param(R(1, 1), [], "no nodes", id="no-nodes"),
         pytest.param(
             R(1, 100),
-            [Node("huge", 64, 512, reserved_by="other")] + nodes(3, 16, 64),
+            [Node("huge", 64, 512, reserved_by="other"), *nodes(3, 16, 64)],
             "the largest usable node, n0, has 16 cores",
             id="only-a-node-reserved-by-another-run-would-fit",
         ),
