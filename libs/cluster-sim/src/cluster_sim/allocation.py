@@ -111,9 +111,7 @@ def decode_online_action(
     if not 0 <= index < len(ONLINE_ACTIONS):
         raise ValueError(f"online action must be in 0..{len(ONLINE_ACTIONS) - 1}, got {action}")
     margin = ONLINE_ACTIONS[index].margin
-    return tuple(
-        min(float(d) + margin * m.cpu, m.cpu) for d, m in zip(demand, machines, strict=True)
-    )
+    return tuple(min(float(d) + margin * m.cpu, m.cpu) for d, m in zip(demand, machines, strict=True))
 
 
 def decode_batch_action(action: int) -> BatchAction:

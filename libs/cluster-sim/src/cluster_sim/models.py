@@ -133,9 +133,7 @@ class CostBreakdown:
     total: float = 0.0
 
     def __sub__(self, other: CostBreakdown) -> CostBreakdown:
-        return CostBreakdown(
-            *(getattr(self, f.name) - getattr(other, f.name) for f in fields(self))
-        )
+        return CostBreakdown(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
     def as_dict(self) -> dict[str, float]:
         """The fields as a new dict of floats."""

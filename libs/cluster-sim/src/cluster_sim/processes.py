@@ -216,9 +216,7 @@ class ProcessFlow:
                 )
             for j, value in enumerate(sample.cpu):
                 if value < 0:
-                    raise ValueError(
-                        f"{label}: demand of machine {self.machines[j].name!r} is negative ({value})"
-                    )
+                    raise ValueError(f"{label}: demand of machine {self.machines[j].name!r} is negative ({value})")
             previous = sample
 
     def process(self, name: str) -> BatchProcess:

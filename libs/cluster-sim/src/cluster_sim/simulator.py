@@ -66,8 +66,14 @@ class SimulatorConfig:
     quota_change_weight: float = 0.01
 
     def __post_init__(self) -> None:
-        for name in ("control_interval", "actuation_delay", "warmup", "shortfall_weight",
-                     "unfinished_weight", "quota_change_weight"):
+        for name in (
+            "control_interval",
+            "actuation_delay",
+            "warmup",
+            "shortfall_weight",
+            "unfinished_weight",
+            "quota_change_weight",
+        ):
             value = float(getattr(self, name))
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
@@ -140,9 +146,7 @@ class ClusterSimulator:
         self._finish = np.full(n, np.nan)
         self._target = np.zeros(n)  # the machine's virtual clock value at which the process is done
 
-        self._demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(
-            len(flow.demand), m_count
-        )
+        self._demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), m_count)
         self._demand = np.zeros(m_count)  # cores
         self._quota = np.zeros(m_count)  # cores
         self._requested = np.zeros(m_count)  # cores requested by running processes
@@ -251,6 +255,7 @@ class ClusterSimulator:
             now = heap[0][0]
             self._integrate(now)
             self._time = now
+            handled = self._events
             while heap and heap[0][0] == now:
                 _, kind, _, payload = heapq.heappop(heap)
                 if kind == _COMPLETION:
@@ -261,6 +266,8 @@ class ClusterSimulator:
                     self._set_demand(payload)  # type: ignore[arg-type]
                 else:
                     self._release(payload)  # type: ignore[arg-type]
+            if self._events == handled:
+                continue  # only superseded completions were due
             if self._dirty:
                 self._schedule()
             self._update_rates()
@@ -371,8 +378,13 @@ class ClusterSimulator:
         unfinished = config.unfinished_weight * self._unfinished
         change = config.quota_change_weight * self._quota_change
         return CostBreakdown(
-            float(self._shortfall), float(self._unfinished), float(self._quota_change),
-            float(shortfall), float(unfinished), float(change), float(shortfall + unfinished + change),
+            float(self._shortfall),
+            float(self._unfinished),
+            float(self._quota_change),
+            float(shortfall),
+            float(unfinished),
+            float(change),
+            float(shortfall + unfinished + change),
         )
 
     # Events ---------------------------------------------------------------------------------
@@ -539,7 +551,7 @@ class ClusterSimulator:
             self._scheduled[j] = key
             self._version[j] += 1
             if top is not None and rate > 0:
-                finish = self._time + max(float(top - self._virtual[j]), 0.0) / rate
+                finish = float(self._time + max(float(top - self._virtual[j]), 0.0) / rate)
                 self._push(finish, _COMPLETION, (j, int(self._version[j])))
         self._changed.clear()
         self._batch_use_rate = float((self._requested * self._rate).sum())
