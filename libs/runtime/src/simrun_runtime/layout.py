@@ -62,6 +62,15 @@ class LedgerLayout:
         """The directory of a unit's results, renamed into place once complete."""
         return self.results / str(index)
 
+    @property
+    def tmp(self) -> Path:
+        """Where unit results are written before they are renamed into `results/`."""
+        return self.root / "tmp"
+
+    def result_tmp(self, index: int, worker: str, pid: int) -> Path:
+        """The temporary directory a unit's results are written in by one process of one worker."""
+        return self.tmp / f"{index}.{worker}.{pid}"
+
 
 @dataclass(frozen=True)
 class TaskLayout:
@@ -100,6 +109,18 @@ class TaskLayout:
     @property
     def units(self) -> LedgerLayout:
         return LedgerLayout(self.root / "units")
+
+    def units_building(self, token: str) -> Path:
+        """A ledger being built beside `units/`, renamed to it once complete."""
+        return self.root / f".units.building-{token}"
+
+    def out_building(self, token: str) -> Path:
+        """Outputs being built beside `out/` by a merge or an unsplit task, put in place once complete."""
+        return self.root / f".out.building-{token}"
+
+    def out_replaced(self, token: str) -> Path:
+        """An earlier, unmarked `out/` moved aside while the new one is put in place."""
+        return self.root / f".out.replaced-{token}"
 
     @property
     def workers(self) -> Path:

@@ -1,0 +1,73 @@
+"""`python -m simrun_runtime.describe`: describes task types in a subprocess, JSON on stdin, JSON on stdout.
+
+The control plane never imports user code; it runs this module with the model's environment instead.
+
+stdin: one request or a JSON list of them, each
+    {"type": "module:Class" | "<entry point>", "model_root": "/path" | null, "settings": {...} | null}
+stdout: one response per request (a list for a list), each
+    {"ok": true, "error": null, "description": TypeDescription}  or  {"ok": false, "error": "...", "description": null}
+`ok` is false when the type cannot be loaded or counting its units fails; settings that the type refuses are
+reported in `description.settings_errors` with `ok` true. Exit status 0, or 2 when stdin is not a valid request.
+Whatever user code prints while it is imported goes to stderr, so stdout holds only the response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from simrun_runtime.loading import TypeDescription, describe_type
+from simrun_runtime.tasktype import TaskTypeError
+
+
+class DescribeRequest(BaseModel):
+    """Which type to describe, from which model root, and optionally which settings to check."""
+
+    type: str
+    model_root: str | None = None
+    settings: dict[str, Any] | None = None
+
+
+class DescribeResponse(BaseModel):
+    """The description of one type, or why it could not be described."""
+
+    ok: bool
+    error: str | None = None
+    description: TypeDescription | None = None
+
+
+def describe(request: DescribeRequest) -> DescribeResponse:
+    """Describes one type; user code errors become `error`, never an exception."""
+    try:
+        description = describe_type(request.type, request.model_root, request.settings)
+    except TaskTypeError as exc:
+        return DescribeResponse(ok=False, error=str(exc))
+    except Exception as exc:  # user code may raise anything while it is imported or described
+        return DescribeResponse(ok=False, error=f"describing {request.type!r} failed: {type(exc).__name__}: {exc}")
+    return DescribeResponse(ok=True, description=description)
+
+
+def main() -> int:
+    out = sys.stdout
+    try:
+        payload = json.loads(sys.stdin.read())
+        many = isinstance(payload, list)
+        requests = [DescribeRequest.model_validate(item) for item in (payload if many else [payload])]
+    except (json.JSONDecodeError, ValidationError) as exc:
+        first = str(exc).splitlines()[0]
+        print(f"simrun-describe: error: stdin is not a describe request: {first}", file=sys.stderr)
+        return 2
+    with contextlib.redirect_stdout(sys.stderr):
+        responses = [describe(request).model_dump(mode="json") for request in requests]
+    json.dump(responses if many else responses[0], out)
+    out.write("\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""Loading a task type by `module:Class` or entry point, and describing it (ports, hint, schema, settings check)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from simrun_runtime.tasktype import (
+    ResourceHint,
+    SettingsError,
+    SplitTaskType,
+    TaskType,
+    TaskTypeError,
+    UnsplitTaskType,
+    check_task_type,
+)
+
+ENTRY_POINT_GROUP = "simrun.task_types"
+
+
+def put_model_root_first(model_root: Path | str | None) -> None:
+    """Puts the model root first on `sys.path`, as `python -m` in its checkout does."""
+    if model_root is None:
+        return
+    root = str(Path(model_root).resolve())
+    if sys.path[:1] != [root]:
+        if root in sys.path:
+            sys.path.remove(root)
+        sys.path.insert(0, root)
+        importlib.invalidate_caches()
+
+
+def load_task_type(name: str, model_root: Path | str | None = None) -> TaskType:
+    """An instance of the task type `name`: `module:Class` imported with the model root first on `sys.path`,
+    or the name of an entry point in the group `simrun.task_types`.
+
+    Raises:
+        TaskTypeError: the type cannot be found or imported, or is not a valid task type.
+    """
+    put_model_root_first(model_root)
+    if ":" in name:
+        module_name, _, qualname = name.partition(":")
+        if not module_name or not qualname:
+            raise TaskTypeError(f"task type {name!r} must be written `module:Class`")
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ImportError as exc:
+            where = f" (model root {model_root})" if model_root else ""
+            raise TaskTypeError(f"cannot import module {module_name!r} of task type {name!r}{where}: {exc}") from exc
+        for part in qualname.split("."):
+            if not hasattr(obj, part):
+                raise TaskTypeError(f"module {module_name!r} has no {qualname!r}: check the task type {name!r}")
+            obj = getattr(obj, part)
+    else:
+        found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+        if not found:
+            known = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+            raise TaskTypeError(
+                f"unknown task type {name!r}: not `module:Class` and no entry point of that name in group "
+                f"{ENTRY_POINT_GROUP} (known: {', '.join(known) or 'none'})"
+            )
+        try:
+            obj = found[0].load()
+        except Exception as exc:
+            raise TaskTypeError(f"cannot load entry point {name!r} ({found[0].value}): {exc}") from exc
+    check_task_type(obj, name)
+    try:
+        return obj()
+    except Exception as exc:
+        raise TaskTypeError(f"task type {name!r} cannot be instantiated without arguments: {exc}") from exc
+
+
+class TypeDescription(BaseModel):
+    """What the control plane needs to know of a type, and of given settings, without importing user code itself."""
+
+    type: str = Field(description="The name it was loaded by.")
+    split: bool
+    inputs: list[str]
+    outputs: list[str]
+    resources: ResourceHint
+    cost_setting: str | None
+    settings_schema: dict[str, Any] = Field(description="The JSON schema of the type's Settings.")
+    command: list[str] | None = Field(default=None, description="The command of an unsplit type, if it has one.")
+    doc: str = ""
+    settings_checked: bool = Field(default=False, description="Whether settings were given and checked.")
+    settings_errors: list[str] = Field(
+        default_factory=list, description="One message per unknown, misspelled or invalid setting."
+    )
+    settings: dict[str, Any] | None = Field(default=None, description="The validated settings, defaults filled in.")
+    units: int | None = Field(default=None, description="The unit count of a split type for the settings.")
+    cost_value: str | None = None
+
+
+def describe_type(
+    name: str, model_root: Path | str | None = None, settings: Mapping[str, Any] | None = None
+) -> TypeDescription:
+    """Describes the type `name` and, with `settings`, checks them and computes their unit count and cost value.
+
+    Raises:
+        TaskTypeError: the type cannot be loaded, or `count_units` failed for valid settings.
+    """
+    task_type = load_task_type(name, model_root)
+    cls = type(task_type)
+    description = TypeDescription(
+        type=name,
+        split=isinstance(task_type, SplitTaskType),
+        inputs=list(cls.inputs),
+        outputs=list(cls.outputs),
+        resources=cls.resources,
+        cost_setting=cls.cost_setting,
+        settings_schema=cls.Settings.model_json_schema(),
+        command=list(cls.command) if isinstance(task_type, UnsplitTaskType) and cls.command else None,
+        doc=(cls.__doc__ or "").strip(),
+    )
+    if settings is None:
+        return description
+    description.settings_checked = True
+    try:
+        validated = task_type.validate_settings(settings)
+    except SettingsError as exc:
+        description.settings_errors = exc.problems
+        return description
+    description.settings = validated.model_dump(mode="json")
+    description.cost_value = task_type.cost_value(validated)
+    if isinstance(task_type, SplitTaskType):
+        description.units = count_units(task_type, validated, name)
+    return description
+
+
+def count_units(task_type: SplitTaskType, settings: BaseModel, name: str) -> int:
+    """`count_units`, checked to be a positive integer."""
+    try:
+        count = task_type.count_units(settings)
+    except Exception as exc:
+        raise TaskTypeError(f"count_units of task type {name!r} failed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise TaskTypeError(f"count_units of task type {name!r} returned {count!r}; it must be an integer ≥ 1")
+    return count

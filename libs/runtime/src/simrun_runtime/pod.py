@@ -1,0 +1,360 @@
+"""What every pod entry point shares: the runtime contract's environment, the task read from the run directory,
+SIGTERM handling, the report kept while the pod runs, and running user code in a child process."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from simrun_runtime.layout import RunLayout, TaskLayout
+from simrun_runtime.loading import load_task_type
+from simrun_runtime.memory import MemoryProbe, MemorySampler
+from simrun_runtime.record import RunRecord, TaskRecord
+from simrun_runtime.reports import UnitSeconds, WorkerEnd, WorkerReport, utcnow
+from simrun_runtime.tasktype import SettingsError, TaskType, TaskTypeError
+
+EXIT_DONE = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_KILLED = 137
+EXIT_STOPPED = 143
+
+# fork: a pool process starts in microseconds with the task type already imported; the pods run on Linux.
+MP = multiprocessing.get_context("fork")
+
+
+class UsageError(Exception):
+    """Bad input to a pod (environment, run directory, type, settings): exit 2 with this one-line message."""
+
+
+@dataclass(frozen=True)
+class PodEnv:
+    """The runtime contract: the variables a pod of a task is started with.
+
+    SIMRUN_RUN_DIR: `runs/<id>` in the store. SIMRUN_TASK: the task id. SIMRUN_WORKER: `w0` the coordinator,
+    `w1`… extra workers. SIMRUN_PROCESSES: worker processes of the pod (default 1). SIMRUN_MERGE: `1` in the
+    coordinator to merge once the ledger is complete. SIMRUN_GRACE_S: the termination grace period, seconds
+    (default 30). SIMRUN_PROVENANCE: path of the task's provenance.json. SIMRUN_CGROUP: the pod's memory cgroup
+    directory, or `self` for the process's own cgroup; unset, the process tree is measured. SIMRUN_SCRATCH: a
+    directory on the local disk for scratch files (default the system's temporary directory).
+    """
+
+    run_dir: Path
+    task_id: str
+    worker: str = "w0"
+    processes: int = 1
+    merge: bool = False
+    grace_s: float = 30.0
+    provenance: Path | None = None
+    cgroup: str | None = None
+    scratch: Path | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], default_worker: str = "w0") -> PodEnv:
+        def need(name: str) -> str:
+            value = environ.get(name, "").strip()
+            if not value:
+                raise UsageError(f"{name} is not set: the pod needs it (see the runtime contract)")
+            return value
+
+        def number(name: str, default: str, kind: type) -> Any:
+            raw = environ.get(name, "").strip() or default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise UsageError(f"{name}={raw!r} is not a number") from None
+            if value < (1 if kind is int else 0):
+                raise UsageError(f"{name}={raw!r} is out of range")
+            return value
+
+        worker = environ.get("SIMRUN_WORKER", "").strip() or default_worker
+        if "@" in worker or "/" in worker or worker.startswith("."):
+            raise UsageError(f"SIMRUN_WORKER={worker!r} may not contain '@' or '/' or start with '.'")
+        provenance = environ.get("SIMRUN_PROVENANCE", "").strip()
+        scratch = environ.get("SIMRUN_SCRATCH", "").strip()
+        return cls(
+            run_dir=Path(need("SIMRUN_RUN_DIR")),
+            task_id=need("SIMRUN_TASK"),
+            worker=worker,
+            processes=number("SIMRUN_PROCESSES", "1", int),
+            merge=environ.get("SIMRUN_MERGE", "").strip() == "1",
+            grace_s=number("SIMRUN_GRACE_S", "30", float),
+            provenance=Path(provenance) if provenance else None,
+            cgroup=environ.get("SIMRUN_CGROUP", "").strip() or None,
+            scratch=Path(scratch) if scratch else None,
+        )
+
+
+@dataclass
+class TaskSetup:
+    """A task as a pod finds it in the run directory: run.json, settings.json, the type and its inputs."""
+
+    run: RunLayout
+    task: TaskLayout
+    record: RunRecord
+    task_record: TaskRecord
+    model_root: Path | None
+    task_type: TaskType
+    settings: BaseModel
+    inputs: dict[str, Path]
+
+    @property
+    def type_name(self) -> str:
+        return self.task_record.type
+
+    @property
+    def model_name(self) -> str | None:
+        return self.record.snapshots[0].name if self.record.snapshots else None
+
+    @classmethod
+    def load(cls, run_dir: Path, task_id: str) -> TaskSetup:
+        """Reads and checks everything; raises `UsageError` with what to fix, having touched nothing."""
+        run = RunLayout(run_dir.resolve())
+        if not run.record.is_file():
+            raise UsageError(f"{run_dir} has no {run.record.name}: SIMRUN_RUN_DIR must be a run directory runs/<id>")
+        try:
+            record = RunRecord.load(run)
+        except (ValidationError, json.JSONDecodeError) as exc:
+            raise UsageError(f"{run.record} is not a valid run record: {str(exc).splitlines()[0]}") from None
+        task = run.task(task_id)
+        if not task.root.is_dir():
+            raise UsageError(
+                f"no task directory {task.root}: task {task_id!r} is not laid out in run {run.run_id} "
+                f"(tasks: {', '.join(record.tasks) or 'none'})"
+            )
+        task_record = record.tasks.get(task_id)
+        if task_record is None:
+            raise UsageError(f"task {task_id!r} is not in {run.record} (tasks: {', '.join(record.tasks) or 'none'})")
+        model_root = record.model_root(run.store)
+        if model_root is not None and not model_root.is_dir():
+            raise UsageError(f"the model snapshot {model_root} of run {run.run_id} does not exist")
+        try:
+            task_type = load_task_type(task_record.type, model_root)
+        except TaskTypeError as exc:
+            raise UsageError(str(exc)) from None
+        if not task.settings.is_file():
+            raise UsageError(f"task {task_id!r} has no {task.settings}: write its settings (a JSON object) there")
+        try:
+            raw = json.loads(task.settings.read_text())
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{task.settings} is not valid JSON: {exc}") from None
+        try:
+            settings = task_type.validate_settings(raw)
+        except SettingsError as exc:
+            raise UsageError(f"{task.settings}: {exc}") from None
+        inputs = resolve_inputs(run, task_id, task_record, type(task_type).inputs)
+        return cls(run, task, record, task_record, model_root, task_type, settings, inputs)
+
+
+def resolve_inputs(run: RunLayout, task_id: str, task_record: TaskRecord, ports: tuple[str, ...]) -> dict[str, Path]:
+    """Input port -> the upstream `tasks/<task>/out/<port>` directory, checked against the type's input ports."""
+    unknown = sorted(set(task_record.inputs) - set(ports))
+    if unknown:
+        raise UsageError(f"task {task_id!r}: its type has no input port(s) {unknown} (ports: {list(ports)})")
+    missing = [port for port in ports if port not in task_record.inputs]
+    if missing:
+        raise UsageError(f"task {task_id!r}: input port(s) {missing} are not connected in run.json")
+    inputs = {}
+    for port, source in task_record.inputs.items():
+        upstream, sep, upstream_port = source.rpartition(".")
+        if not sep or not upstream:
+            raise UsageError(f"task {task_id!r}: input {port!r} must name `<task>.<port>`, not {source!r}")
+        path = run.task(upstream).out_port(upstream_port)
+        if not path.is_dir():
+            raise UsageError(
+                f"task {task_id!r}: input {port!r} reads {path}, which does not exist (has {upstream!r} ended?)"
+            )
+        inputs[port] = path
+    return inputs
+
+
+class Stopper:
+    """SIGTERM (and SIGINT) set a flag and wake a pipe, so the pod stops claiming and ends within the grace."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        os.set_blocking(self._read, False)
+
+    def install(self) -> Stopper:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.stopping = True
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._write, b"x")
+
+    def fileno(self) -> int:
+        return self._read
+
+    def sleep(self, seconds: float) -> None:
+        """Sleeps, waking early on SIGTERM."""
+        if not self.stopping:
+            multiprocessing.connection.wait([self._read], timeout=seconds)
+
+
+@dataclass
+class ReportKeeper:
+    """The report of this pod incarnation, with the memory sampler that feeds it."""
+
+    task: TaskLayout
+    report: WorkerReport
+    sampler: MemorySampler
+    oom_kills_at_start: int | None = None
+    _last_write: float = field(default=0.0, repr=False)
+
+    @classmethod
+    def start(cls, setup: TaskSetup, env: PodEnv, role: str, processes: int, worker: str | None = None) -> ReportKeeper:
+        probe = MemoryProbe.for_pod(env.cgroup)
+        now = utcnow()
+        report = WorkerReport(
+            run_id=setup.run.run_id,
+            task_id=setup.task.task_id,
+            worker=worker or env.worker,
+            role=role,  # type: ignore[arg-type]
+            started_ms=int(now.timestamp() * 1000),
+            task_type=setup.type_name,
+            cost_value=setup.task_type.cost_value(setup.settings),
+            model=setup.model_name,
+            processes=processes,
+            memory_source=probe.source,
+            peak_memory_gb=0.0,
+            per_process_gb=0.0,
+            started_at=now,
+        )
+        keeper = cls(setup.task, report, MemorySampler(probe).start(), probe.oom_kills())
+        keeper.write()
+        return keeper
+
+    def add_unit(self, index: int, seconds: float) -> None:
+        self.report.units.append(UnitSeconds(unit=index, seconds=round(seconds, 6)))
+
+    def _refresh(self) -> None:
+        self.report.peak_memory_gb = round(self.sampler.peak_gb, 6)
+        self.report.per_process_gb = round(self.sampler.peak_gb / self.report.processes, 6)
+        self.report.memory_samples = self.sampler.samples
+        kills = self.sampler.probe.oom_kills()
+        if kills is not None:
+            self.report.oom_kills = kills - (self.oom_kills_at_start or 0)
+
+    def write(self) -> None:
+        self._refresh()
+        self.report.write(self.task)
+        self._last_write = time.monotonic()
+
+    def write_every(self, seconds: float) -> None:
+        if time.monotonic() - self._last_write >= seconds:
+            self.write()
+
+    def finish(self, ended: WorkerEnd, exit_code: int, message: str = "") -> int:
+        self.sampler.stop()
+        self.report.ended = ended
+        self.report.exit_code = exit_code
+        self.report.message = message
+        self.report.ended_at = utcnow()
+        self.write()
+        return exit_code
+
+    def oom_killed(self) -> bool:
+        self._refresh()
+        return bool(self.report.oom_kills)
+
+
+def die_with_parent() -> None:
+    """Asks the kernel to SIGKILL this process when its parent dies, so a killed pod leaves no orphans."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def child_signals() -> None:
+    """A child of a pod ignores SIGTERM and SIGINT: the pod's main process decides how it stops."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+
+
+@dataclass
+class ChildOutcome:
+    """How user code run in a child process ended."""
+
+    value: Any = None
+    error: str | None = None
+    exitcode: int | None = None
+    stopped: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.stopped and self.exitcode == 0
+
+
+def _child_main(conn: Connection, fn: Callable[[], Any]) -> None:
+    child_signals()
+    try:
+        value = fn()
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    else:
+        conn.send(("ok", value))
+    conn.close()
+
+
+def run_in_child(fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], None] | None = None) -> ChildOutcome:
+    """Runs `fn` in a forked child (user code, so SIGTERM can end it at once); `tick` runs about every second."""
+    parent, child = MP.Pipe(duplex=False)
+    process = MP.Process(target=_child_main, args=(child, fn), daemon=True)
+    process.start()
+    child.close()
+    message: tuple[str, Any] | None = None
+    while True:
+        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper], timeout=1.0)
+        if stopper.stopping:
+            process.kill()
+            process.join()
+            return ChildOutcome(stopped=True, exitcode=process.exitcode)
+        if parent in ready:
+            with contextlib.suppress(EOFError):
+                message = parent.recv()
+        if process.sentinel in ready or message is not None:
+            if message is None and parent.poll():
+                with contextlib.suppress(EOFError):
+                    message = parent.recv()
+            process.join()
+            break
+        if tick is not None:
+            tick()
+    if message is None:
+        return ChildOutcome(error=f"the process died with exit code {process.exitcode}", exitcode=process.exitcode)
+    kind, value = message
+    if kind == "error":
+        return ChildOutcome(error=value, exitcode=process.exitcode)
+    return ChildOutcome(value=value, exitcode=process.exitcode)
+
+
+def signal_exit_code(returncode: int | None) -> int:
+    """A process's exit status as a shell reports it: 128+N for death by signal N."""
+    if returncode is None:
+        return EXIT_FAILED
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def fail(prog: str, message: str) -> None:
+    """One line on stderr."""
+    print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)

@@ -1,0 +1,153 @@
+"""A toy model for the runtime's tests: a split scan doing real numerical work per unit, and unsplit types."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from simrun_runtime import (
+    ExecContext,
+    MergeContext,
+    ResourceHint,
+    SplitTaskType,
+    TaskSettings,
+    UnitContext,
+    UnsplitTaskType,
+)
+
+
+def hold_memory(megabytes: int, seconds: float) -> None:
+    """Allocates and touches `megabytes` of anonymous memory and holds it for `seconds`."""
+    block = bytearray(megabytes * 1024 * 1024)
+    for offset in range(0, len(block), 4096):
+        block[offset] = 1
+    time.sleep(seconds)
+    del block
+
+
+class ScanSettings(TaskSettings):
+    points: int = Field(default=16, ge=1, description="Units: one per point of the scan.")
+    seed: float = 0.0
+    steps: int = Field(default=4000, ge=1, description="Iterations of the logistic map per unit.")
+    sleep_s: float = Field(default=0.0, description="Extra wall time per unit, so tests can stop pods mid-unit.")
+    allocate_mb: int = 0
+    hold_s: float = 0.0
+    fail_unit: int | None = None
+
+
+class Scan(SplitTaskType):
+    """A scan of the logistic map's parameter r: each unit iterates the map for one r."""
+
+    Settings = ScanSettings
+    outputs = ("table",)
+    resources = ResourceHint(base_memory_gb=0.25, per_worker_gb=0.1)
+    cost_setting = "points"
+
+    def count_units(self, settings: ScanSettings) -> int:
+        return settings.points
+
+    def compute_unit(self, settings: ScanSettings, index: int, unit: UnitContext) -> None:
+        if settings.fail_unit == index:
+            raise RuntimeError(f"unit {index} fails on purpose")
+        r = 3.5 + 0.5 * (index + 0.5) / settings.points
+        x = 0.5 + 0.4 * math.sin(settings.seed + index)
+        total = 0.0
+        for _ in range(settings.steps):
+            x = r * x * (1.0 - x)
+            total += x
+        (unit.scratch_dir / "trace.txt").write_text(repr(x))
+        if settings.allocate_mb:
+            hold_memory(settings.allocate_mb, settings.hold_s)
+        if settings.sleep_s:
+            time.sleep(settings.sleep_s)
+        values = {"index": index, "r": r, "mean": total / settings.steps, "last": x}
+        (unit.result_dir / "value.json").write_text(json.dumps(values, sort_keys=True))
+
+    def merge(self, settings: ScanSettings, merge: MergeContext) -> dict[str, Any]:
+        rows = []
+        for index, results in merge.units():
+            values = json.loads((results / "value.json").read_text())
+            assert values["index"] == index
+            rows.append(values)
+        lines = ["index,r,mean,last"] + [f"{v['index']},{v['r']!r},{v['mean']!r},{v['last']!r}" for v in rows]
+        (merge.outputs["table"] / "table.csv").write_text("\n".join(lines) + "\n")
+        return {"points": len(rows), "total": sum(v["mean"] for v in rows), "max": max(v["mean"] for v in rows)}
+
+
+class TotalSettings(TaskSettings):
+    scale: float = 1.0
+    sleep_s: float = 0.0
+    allocate_mb: int = 0
+
+
+class Total(UnsplitTaskType):
+    """Sums the mean column of an upstream scan's table."""
+
+    Settings = TotalSettings
+    inputs = ("table",)
+    outputs = ("report",)
+
+    def run(self, settings: TotalSettings, context: ExecContext) -> dict[str, Any]:
+        if settings.allocate_mb:
+            hold_memory(settings.allocate_mb, 0.0)
+        if settings.sleep_s:
+            time.sleep(settings.sleep_s)
+        lines = (context.inputs["table"] / "table.csv").read_text().splitlines()[1:]
+        total = settings.scale * sum(float(line.split(",")[2]) for line in lines)
+        (context.outputs["report"] / "total.txt").write_text(f"{total!r}\n")
+        return {"rows": len(lines), "total": total}
+
+
+SHELL_SCRIPT = """
+import json, os, sys, time
+settings = json.load(open(os.environ["SIMRUN_SETTINGS"]))
+time.sleep(settings["sleep_s"])
+if settings["exit_code"]:
+    sys.exit(settings["exit_code"])
+out = os.environ["SIMRUN_OUTPUT_RESULT_FILES"]
+with open(os.path.join(out, "message.txt"), "w") as f:
+    f.write(settings["message"] + " from " + os.getcwd() + "\\n")
+with open(os.environ["SIMRUN_SUMMARY"], "w") as f:
+    json.dump({"length": len(settings["message"]), "outputs": sorted(json.loads(os.environ["SIMRUN_OUTPUTS"]))}, f)
+"""
+
+
+class ShellSettings(TaskSettings):
+    message: str = "hello"
+    sleep_s: float = 0.0
+    exit_code: int = 0
+
+
+class Shell(UnsplitTaskType):
+    """Runs an external command which reads its settings from $SIMRUN_SETTINGS."""
+
+    Settings = ShellSettings
+    outputs = ("result-files",)
+    command = [sys.executable, "-c", SHELL_SCRIPT]
+
+
+class LooseSettings(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    points: int = 2
+
+
+class Loose(Scan):
+    """A type whose settings accept anything: refused when loaded."""
+
+    Settings = LooseSettings  # type: ignore[assignment]
+
+
+class NoRun(UnsplitTaskType):
+    """An unsplit type with neither command nor run: refused when loaded."""
+
+    Settings = TotalSettings
+
+
+def module_path() -> Path:
+    return Path(__file__).resolve()
