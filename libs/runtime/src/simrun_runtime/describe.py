@@ -9,6 +9,9 @@ stdout: one response per request (a list for a list), each
 `ok` is false when the type cannot be loaded or counting its units fails; settings that the type refuses are
 reported in `description.settings_errors` with `ok` true. Exit status 0, or 2 when stdin is not a valid request.
 Whatever user code prints while it is imported goes to stderr, so stdout holds only the response.
+
+With `--serve` it stays up and answers one JSON list of requests per line with one JSON list per line, until
+stdin closes: the run tracker keeps one per model snapshot, so a submission costs a round trip, not a start.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import BaseModel, ValidationError
 
@@ -51,8 +54,25 @@ def describe(request: DescribeRequest) -> DescribeResponse:
     return DescribeResponse(ok=True, description=description)
 
 
+def serve(stdin: TextIO, out: TextIO) -> int:
+    """Answers one line of requests with one line of responses until `stdin` closes."""
+    for line in stdin:
+        try:
+            requests = [DescribeRequest.model_validate(item) for item in json.loads(line)]
+        except (json.JSONDecodeError, ValidationError, TypeError) as exc:
+            responses = [DescribeResponse(ok=False, error=f"not a describe request: {str(exc).splitlines()[0]}")]
+        else:
+            with contextlib.redirect_stdout(sys.stderr):
+                responses = [describe(request) for request in requests]
+        out.write(json.dumps([r.model_dump(mode="json") for r in responses]) + "\n")
+        out.flush()
+    return 0
+
+
 def main() -> int:
     out = sys.stdout
+    if sys.argv[1:] == ["--serve"]:
+        return serve(sys.stdin, out)
     try:
         payload = json.loads(sys.stdin.read())
         many = isinstance(payload, list)

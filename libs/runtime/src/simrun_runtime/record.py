@@ -97,7 +97,8 @@ class TaskRecord(BaseModel):
     mode: str = "fastest"
     units: int | None = None
     cost_value: str | None = None
-    plan: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = Field(default=None, description="The planner's TaskPlan, as a mapping.")
+    resources: dict[str, Any] | None = Field(default=None, description="The resolved resources it was planned with.")
     state: TaskState = TaskState.PENDING
     message: str = ""
     started_at: datetime | None = None
