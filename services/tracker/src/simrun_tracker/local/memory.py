@@ -1,0 +1,165 @@
+"""Memory limits of local pods: a memory cgroup per pod (v1 or v2) where the machine allows, else a watchdog."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+GIB = 1024**3
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+
+
+def detect_cgroup_root() -> Path | None:
+    """The memory cgroup hierarchy of this machine: v2's unified mount with the memory controller, else v1's."""
+    controllers = CGROUP_MOUNT / "cgroup.controllers"
+    with contextlib.suppress(OSError):
+        if "memory" in controllers.read_text().split():
+            return CGROUP_MOUNT
+    if (CGROUP_MOUNT / "memory" / "memory.limit_in_bytes").exists():
+        return CGROUP_MOUNT / "memory"
+    return None
+
+
+@dataclass
+class PodCgroup:
+    """The memory cgroup of one attempt of a pod."""
+
+    path: Path
+    version: int
+
+    @property
+    def procs_file(self) -> Path:
+        return self.path / "cgroup.procs"
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(line) for line in self.procs_file.read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def oom_kills(self) -> int:
+        """Processes the kernel's OOM killer killed in this cgroup."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        try:
+            text = (self.path / name).read_text()
+        except OSError:
+            return 0
+        match = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
+        return int(match.group(1)) if match else 0
+
+    def peak_bytes(self) -> int | None:
+        """The largest memory use of the cgroup, bytes, where the kernel records it."""
+        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+        try:
+            return int((self.path / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def remove(self, timeout_s: float = 5.0) -> None:
+        """Kills what is left in the cgroup and removes it."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    logger.warning("cannot remove the cgroup %s: %s", self.path, exc)
+                    return
+                time.sleep(0.02)
+
+
+class CgroupPool:
+    """The executor's parent cgroup (`<root>/simrun/<executor_id>`) and the pod cgroups below it."""
+
+    def __init__(self, root: Path, executor_id: str) -> None:
+        self.root = root
+        self.version = 2 if (root / "cgroup.controllers").exists() else 1
+        self.parent = root / "simrun" / executor_id
+        self.parent.mkdir(parents=True, exist_ok=True)
+        if self.version == 2:
+            # cgroup v2 hands a controller down only where every ancestor enables it for its children.
+            for directory in (root, root / "simrun", self.parent):
+                (directory / "cgroup.subtree_control").write_text("+memory")
+        limit_file = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+        if not (self.parent / limit_file).exists():
+            raise OSError(f"{self.parent} has no {limit_file}: the memory controller is not available there")
+
+    def create(self, name: str, limit_bytes: int) -> PodCgroup:
+        """A new cgroup for one attempt of a pod, with `limit_bytes` as its hard memory limit and no swap."""
+        path = self.parent / name
+        path.mkdir()
+        cgroup = PodCgroup(path, self.version)
+        try:
+            if self.version == 1:
+                (path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+                if (path / "memory.memsw.limit_in_bytes").exists():
+                    (path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+            else:
+                (path / "memory.max").write_text(str(limit_bytes))
+                if (path / "memory.swap.max").exists():
+                    (path / "memory.swap.max").write_text("0")
+        except OSError:
+            cgroup.remove()
+            raise
+        return cgroup
+
+    def close(self) -> None:
+        """Removes the executor's cgroups (killing anything left in them) and `simrun/` once no executor uses it."""
+        if self.parent.exists():
+            for child in self.parent.iterdir():
+                if child.is_dir():
+                    PodCgroup(child, self.version).remove()
+            with contextlib.suppress(OSError):
+                self.parent.rmdir()
+        with contextlib.suppress(OSError):
+            self.parent.parent.rmdir()
+
+
+def open_cgroups(root: Path | None, executor_id: str) -> CgroupPool | None:
+    """The executor's cgroups under `root`, or None (the watchdog then enforces limits) where they cannot be made."""
+    if root is None:
+        return None
+    try:
+        return CgroupPool(root, executor_id)
+    except OSError as exc:
+        logger.warning("no memory cgroups under %s (%s): limits are enforced by the watchdog", root, exc)
+        return None
+
+
+def anon_memory_by_group(pgids: Iterable[int], proc: Path = Path("/proc")) -> dict[int, int]:
+    """The anonymous memory (sum of RssAnon, bytes) of the processes of each process group in `pgids`."""
+    wanted = set(pgids)
+    totals = dict.fromkeys(wanted, 0)
+    if not wanted:
+        return totals
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # The command name may hold spaces and parentheses; the fields after its last ')' do not.
+            pgid = int(stat[stat.rindex(")") + 2 :].split()[2])
+            if pgid not in wanted:
+                continue
+            status = (entry / "status").read_text()
+        except (OSError, ValueError, IndexError):
+            continue
+        match = re.search(r"^RssAnon:\s+(\d+) kB$", status, re.MULTILINE)
+        if match:
+            totals[pgid] += int(match.group(1)) * 1024
+    return totals

@@ -1,0 +1,124 @@
+"""Tests of the local executor's admission pass: order, fit, preemption, claims and reservations, without processes."""
+
+from __future__ import annotations
+
+from simrun_tracker.local.admission import Placed, Preemption, Slot, Waiting, decide
+
+BASE, EXTRA, LOW_BASE, LOW_EXTRA = 500, 400, 200, 100
+
+
+def waiting(pod_id: str, priority: int, seq: int, cores: float = 1, memory_gb: float = 1, **kw: object) -> Waiting:
+    return Waiting(pod_id, str(kw.pop("run_id", pod_id)), cores, memory_gb, priority, seq, **kw)  # type: ignore[arg-type]
+
+
+def placed(pod_id: str, node: str, priority: int, seq: int, cores: float = 1, memory_gb: float = 1, **kw: object):
+    return Placed(pod_id, str(kw.pop("run_id", pod_id)), node, cores, memory_gb, priority, seq, **kw)  # type: ignore[arg-type]
+
+
+def test_admits_in_priority_order_then_fifo_while_resources_last() -> None:
+    nodes = [Slot("a", 2, 8)]
+    pending = [waiting("low", LOW_BASE, 1), waiting("late", BASE, 3), waiting("early", BASE, 2)]
+    assert decide(nodes, [], pending).admit == [("early", "a"), ("late", "a")]
+
+
+def test_memory_limits_admission_as_cores_do() -> None:
+    nodes = [Slot("a", 4, 1.0)]
+    decisions = decide(nodes, [placed("big", "a", BASE, 1, memory_gb=0.75)], [waiting("p", BASE, 2, memory_gb=0.5)])
+    assert decisions.admit == []
+    assert decisions.preempt == []
+
+
+def test_first_node_with_room_in_configured_order() -> None:
+    nodes = [Slot("a", 1, 4), Slot("b", 1, 4)]
+    decisions = decide(nodes, [placed("x", "a", BASE, 1)], [waiting("p", BASE, 2)])
+    assert decisions.admit == [("p", "b")]
+
+
+def test_preempts_lowest_priority_then_newest_and_only_what_is_needed() -> None:
+    nodes = [Slot("a", 3, 8)]
+    running = [
+        placed("extra-old", "a", EXTRA, 1),
+        placed("low-old", "a", LOW_EXTRA, 2),
+        placed("low-new", "a", LOW_EXTRA, 3),
+    ]
+    decisions = decide(nodes, running, [waiting("p", BASE, 4)])
+    assert decisions.preempt == [Preemption("p", "a", ("low-new",))]
+    assert decisions.claims == {"p": "a"}
+    assert decisions.admit == []
+
+
+def test_gives_back_victims_the_pod_does_not_need() -> None:
+    # Greedy takes the 1-core lowest first, then the 2-core one; the 2-core one alone suffices.
+    nodes = [Slot("a", 3, 8)]
+    running = [placed("small", "a", LOW_EXTRA, 1, cores=1), placed("big", "a", EXTRA, 2, cores=2)]
+    decisions = decide(nodes, running, [waiting("p", BASE, 3, cores=2)])
+    assert decisions.preempt == [Preemption("p", "a", ("big",))]
+
+
+def test_equal_priorities_never_preempt() -> None:
+    nodes = [Slot("a", 1, 8)]
+    decisions = decide(nodes, [placed("x", "a", EXTRA, 1)], [waiting("p", EXTRA, 2)])
+    assert decisions.preempt == []
+    assert decisions.claims == {}
+
+
+def test_waits_for_its_victims_without_preempting_again() -> None:
+    nodes = [Slot("a", 2, 8)]
+    running = [placed("v", "a", LOW_EXTRA, 1, terminating=True), placed("w", "a", LOW_EXTRA, 2)]
+    decisions = decide(nodes, running, [waiting("p", BASE, 3, claim="a")])
+    assert decisions.preempt == []
+    assert decisions.admit == []
+    assert decisions.claims == {}
+
+
+def test_lower_priorities_do_not_take_the_node_the_head_waits_on() -> None:
+    nodes = [Slot("a", 2, 8), Slot("b", 1, 8)]
+    running = [placed("v", "a", LOW_EXTRA, 1, cores=2, terminating=True), placed("x", "b", BASE, 2)]
+    pending = [waiting("head", BASE, 3, cores=2, claim="a"), waiting("small", LOW_BASE, 4)]
+    # Once the victim has gone, `a` has room for both; `small` must still not go in front of the head.
+    running_after = [running[1]]
+    assert decide(nodes, running, pending).admit == []
+    assert decide(nodes, running_after, pending).admit == [("head", "a")]
+    blocked = decide(nodes, running, [*pending, waiting("other", LOW_BASE, 5)])
+    assert blocked.preempt == []
+
+
+def test_lower_priorities_still_use_other_nodes_while_the_head_waits() -> None:
+    nodes = [Slot("a", 2, 8), Slot("b", 1, 8)]
+    running = [placed("v", "a", LOW_EXTRA, 1, cores=2, terminating=True)]
+    pending = [waiting("head", BASE, 2, cores=2, claim="a"), waiting("small", LOW_BASE, 3)]
+    decisions = decide(nodes, running, pending)
+    assert decisions.admit == [("small", "b")]
+    assert decisions.preempt == []
+
+
+def test_a_second_need_preempts_on_another_node_not_the_claimed_one() -> None:
+    nodes = [Slot("a", 1, 8), Slot("b", 1, 8)]
+    running = [placed("v1", "a", LOW_EXTRA, 1, terminating=True), placed("v2", "b", LOW_EXTRA, 2)]
+    pending = [waiting("p1", BASE, 3, claim="a"), waiting("p2", BASE, 4)]
+    decisions = decide(nodes, running, pending)
+    assert decisions.preempt == [Preemption("p2", "b", ("v2",))]
+    assert decisions.claims == {"p2": "b"}
+
+
+def test_reserved_node_only_for_its_run() -> None:
+    nodes = [Slot("a", 1, 8, reserved_by="r1"), Slot("b", 1, 8)]
+    running = [placed("x", "b", LOW_EXTRA, 1)]
+    other = decide(nodes, running, [waiting("p", BASE, 2, run_id="r2")])
+    assert other.admit == []
+    assert other.preempt == [Preemption("p", "b", ("x",))]
+    owner = decide(nodes, running, [waiting("q", BASE, 2, run_id="r1")])
+    assert owner.admit == [("q", "a")]
+
+
+def test_pod_larger_than_every_node_is_unschedulable() -> None:
+    nodes = [Slot("a", 2, 1.0), Slot("b", 1, 4.0)]
+    decisions = decide(nodes, [], [waiting("p", BASE, 1, cores=2, memory_gb=2.0), waiting("q", BASE, 2)])
+    assert decisions.unschedulable == ["p"]
+    assert decisions.admit == [("q", "a")]
+
+
+def test_fractions_of_gib_add_up_without_rounding_errors() -> None:
+    nodes = [Slot("a", 3, 0.3)]
+    pending = [waiting(f"p{i}", BASE, i, memory_gb=0.1) for i in range(3)]
+    assert len(decide(nodes, [], pending).admit) == 3
