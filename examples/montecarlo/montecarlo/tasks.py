@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import Field
-from simrun_runtime.tasktype import (
+from simrun_runtime import (
     ExecContext,
     MergeContext,
     ResourceHint,

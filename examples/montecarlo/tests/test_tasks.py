@@ -12,13 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from montecarlo.tasks import ConvergenceScan, EstimatePi, Report
-from simrun_runtime.tasktype import (
-    ExecContext,
-    MergeContext,
-    SettingsError,
-    UnitContext,
-    check_task_type,
-)
+from simrun_runtime import ExecContext, MergeContext, SettingsError, UnitContext, describe_type
 
 
 def _compute(task: EstimatePi | ConvergenceScan, settings: object, results: Path, indices: list[int]) -> None:
@@ -35,9 +29,18 @@ def _merge(task: EstimatePi | ConvergenceScan, settings: object, results: Path, 
     return task.merge(settings, context)
 
 
-def test_types_are_valid() -> None:
-    for cls in (EstimatePi, ConvergenceScan, Report):
-        check_task_type(cls, cls.__name__)
+MODEL_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_types_load_and_describe_as_simrun_does() -> None:
+    pi = describe_type("montecarlo.tasks:EstimatePi", MODEL_ROOT, {"units": 5})
+    assert pi.split and pi.outputs == ["estimate"] and pi.units == 5 and pi.cost_value == "500000"
+    report = describe_type("montecarlo.tasks:Report", MODEL_ROOT, {})
+    assert not report.split and report.inputs == ["estimate"] and report.outputs == ["report"]
+    scan = describe_type("montecarlo.tasks:ConvergenceScan", MODEL_ROOT, {"points": 3})
+    assert scan.units == 3
+    wrong = describe_type("montecarlo.tasks:EstimatePi", MODEL_ROOT, {"sample_per_unit": 1})
+    assert wrong.settings_errors and "samples_per_unit" in wrong.settings_errors[0]
 
 
 def test_estimate_pi_does_not_depend_on_the_order_or_repetition_of_units(tmp_path: Path) -> None:
