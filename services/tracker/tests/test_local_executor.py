@@ -1,0 +1,440 @@
+"""Tests of the local executor with real processes: admission, priorities, preemption, reservations, exits, memory."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from simrun_planner import Node
+from simrun_tracker.executor import PodPhase, PodSpec, PodStatus
+from simrun_tracker.local import LocalExecutor, LocalExecutorConfig, default_nodes
+from simrun_tracker.local.memory import detect_cgroup_root
+
+# A pod that counts its starts, waits for its go file, and exits with its code (143 on SIGTERM).
+WAIT = """
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+box, name, code = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+with open(box / (name + ".starts"), "a") as f:
+    f.write("start\\n")
+print("hello from", name, flush=True)
+while not (box / (name + ".go")).exists():
+    time.sleep(0.02)
+sys.exit(code)
+"""
+
+# A pod that takes MiB of anonymous memory page by page, holds it a while, and exits 0.
+ALLOCATE = """
+import sys, time
+chunks = []
+for _ in range(int(sys.argv[1])):
+    chunk = bytearray(1024 * 1024)
+    for i in range(0, len(chunk), 4096):
+        chunk[i] = 1
+    chunks.append(chunk)
+print("allocated", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+HAS_CGROUPS = detect_cgroup_root() is not None
+
+
+class Pods:
+    """Specs of test pods in one directory, and the files through which the test controls them."""
+
+    def __init__(self, box: Path) -> None:
+        self.box = box
+
+    def spec(
+        self,
+        name: str,
+        *,
+        code: int = 0,
+        run: str = "r1",
+        worker: str = "w0",
+        cores: int = 1,
+        memory_gb: float = 0.25,
+        retry_memory_gb: float = 0.375,
+        priority: str = "simrun-standard-base",
+        grace_s: float = 5.0,
+        processes: int = 1,
+        command: list[str] | None = None,
+    ) -> PodSpec:
+        return PodSpec(
+            run_id=run,
+            task_id=name,
+            worker=worker,
+            command=command or [sys.executable, "-c", WAIT, str(self.box), name, str(code)],
+            env={"SIMRUN_TASK": name},
+            cwd=self.box,
+            log_path=self.box / "runs" / run / "tasks" / name / "logs" / f"{worker}.log",
+            cores=cores,
+            memory_gb=memory_gb,
+            processes=processes,
+            retry_memory_gb=retry_memory_gb,
+            priority_class=priority,
+            grace_s=grace_s,
+        )
+
+    def go(self, name: str) -> None:
+        (self.box / f"{name}.go").touch()
+
+    def starts(self, name: str) -> int:
+        path = self.box / f"{name}.starts"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def status(executor: LocalExecutor, spec: PodSpec) -> PodStatus:
+    return next(p for p in executor.pods(spec.run_id) if p.spec.pod_id == spec.pod_id)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.02)
+
+
+def phase_is(executor: LocalExecutor, spec: PodSpec, phase: PodPhase) -> Callable[[], bool]:
+    return lambda: status(executor, spec).phase is phase
+
+
+def started(executor: LocalExecutor, pods: Pods, spec: PodSpec, times: int = 1) -> Callable[[], bool]:
+    return lambda: pods.starts(spec.task_id) >= times and status(executor, spec).phase is PodPhase.RUNNING
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Pods:
+    return Pods(tmp_path)
+
+
+@pytest.fixture
+def make_executor() -> Iterator[Callable[..., LocalExecutor]]:
+    made: list[LocalExecutor] = []
+
+    def make(nodes: list[Node] | None = None, **kw: object) -> LocalExecutor:
+        kw.setdefault("cgroup_root", None)
+        executor = LocalExecutor(nodes or [Node("n1", cores=1, memory_gb=1.0)], poll_s=0.02, **kw)  # type: ignore[arg-type]
+        made.append(executor)
+        return executor
+
+    yield make
+    for executor in made:
+        executor.close()
+
+
+def test_a_pod_runs_with_its_environment_and_logs_every_attempt(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    ok = pods.spec("ok")
+    executor.start_pods([ok])
+    wait_for(started(executor, pods, ok))
+    pods.go("ok")
+    wait_for(phase_is(executor, ok, PodPhase.SUCCEEDED))
+    done = status(executor, ok)
+    assert (done.node, done.attempts, done.exit_code, done.memory_gb) == ("n1", 1, 0, 0.25)
+    log = ok.log_path.read_text().splitlines()
+    assert log[0].startswith("=== simrun: attempt 1 of pod r1.ok.w0 on node n1, memory limit 0.25 GiB")
+    assert "hello from ok" in log
+    # A pod id that is known already is left as it is.
+    executor.start_pods([ok])
+    assert [p.attempts for p in executor.pods("r1")] == [1]
+
+
+def test_exit_codes_one_fails_and_143_is_retried(make_executor, pods: Pods) -> None:
+    executor = make_executor([Node("n1", cores=2, memory_gb=1.0)])
+    failing = pods.spec("failing", code=1)
+    stopped = pods.spec("stopped", code=143)
+    executor.start_pods([failing, stopped])
+    wait_for(lambda: pods.starts("failing") == 1 and pods.starts("stopped") == 1)
+    pods.go("failing")
+    pods.go("stopped")
+    wait_for(phase_is(executor, failing, PodPhase.FAILED))
+    assert status(executor, failing).message == "failed with exit code 1"
+    assert status(executor, failing).attempts == 1
+    # 143 comes back for ever while the go file says 143; it is queued again each time, not failed.
+    wait_for(lambda: status(executor, stopped).attempts >= 3)
+    assert status(executor, stopped).phase is not PodPhase.FAILED
+    assert status(executor, stopped).preemptions >= 2
+    executor.stop_pods("r1")
+    wait_for(phase_is(executor, stopped, PodPhase.FAILED))
+    assert status(executor, stopped).message == "stopped"
+
+
+def test_a_pod_waits_for_cores_and_for_memory(make_executor, pods: Pods) -> None:
+    executor = make_executor([Node("n1", cores=2, memory_gb=1.0)])
+    wide = pods.spec("wide", cores=2, memory_gb=0.25)
+    narrow = pods.spec("narrow", cores=1, memory_gb=0.25)
+    executor.start_pods([wide, narrow])
+    wait_for(started(executor, pods, wide))
+    time.sleep(0.3)
+    assert status(executor, narrow).phase is PodPhase.PENDING
+    pods.go("wide")
+    wait_for(started(executor, pods, narrow))
+
+    big = pods.spec("big", memory_gb=0.75)
+    small = pods.spec("small", memory_gb=0.5)
+    executor.start_pods([big, small])
+    wait_for(started(executor, pods, big))
+    time.sleep(0.3)
+    assert status(executor, small).phase is PodPhase.PENDING
+    pods.go("big")
+    wait_for(started(executor, pods, small))
+    pods.go("narrow")
+    pods.go("small")
+    wait_for(lambda: all(p.phase is PodPhase.SUCCEEDED for p in executor.pods("r1")))
+
+
+def test_admission_follows_priority_then_arrival(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    blocker = pods.spec("blocker", priority="simrun-owner-base")
+    executor.start_pods([blocker])
+    wait_for(started(executor, pods, blocker))
+    low = pods.spec("low", run="r2", priority="simrun-agent-base")
+    first = pods.spec("first", run="r3", priority="simrun-standard-base")
+    second = pods.spec("second", run="r4", priority="simrun-standard-base")
+    executor.start_pods([low])
+    executor.start_pods([first])
+    executor.start_pods([second])
+    order = []
+    for spec in (first, second, low):
+        if spec is first:
+            pods.go("blocker")
+        wait_for(started(executor, pods, spec))
+        order.append(spec.task_id)
+        assert all(pods.starts(s.task_id) == 0 for s in (first, second, low) if s.task_id not in order)
+        pods.go(spec.task_id)
+    assert order == ["first", "second", "low"]
+    assert status(executor, blocker).preemptions == 0
+
+
+def test_a_higher_priority_preempts_with_sigterm_and_the_victim_runs_again(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    victim = pods.spec("victim", run="r1", worker="w1", priority="simrun-agent-extra")
+    executor.start_pods([victim])
+    wait_for(started(executor, pods, victim))
+    high = pods.spec("high", run="r2", priority="simrun-agent-base")
+    executor.start_pods([high])
+    wait_for(started(executor, pods, high))
+    preempted = status(executor, victim)
+    assert (preempted.phase, preempted.preemptions, preempted.exit_code) == (PodPhase.PENDING, 1, 143)
+    assert "preempted" in preempted.message
+    pods.go("high")
+    pods.go("victim")
+    wait_for(phase_is(executor, victim, PodPhase.SUCCEEDED))
+    assert status(executor, victim).attempts == 2
+    assert pods.starts("victim") == 2
+    assert status(executor, high).phase is PodPhase.SUCCEEDED
+    assert "exited with exit code 143: preempted by a higher priority; queued again" in victim.log_path.read_text()
+
+
+def test_equal_priorities_never_preempt(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    running = pods.spec("running", run="r1", worker="w1", priority="simrun-standard-extra")
+    executor.start_pods([running])
+    wait_for(started(executor, pods, running))
+    waiting = pods.spec("waiting", run="r2", worker="w1", priority="simrun-standard-extra")
+    executor.start_pods([waiting])
+    time.sleep(0.5)
+    assert status(executor, running).preemptions == 0
+    assert status(executor, running).phase is PodPhase.RUNNING
+    assert status(executor, waiting).phase is PodPhase.PENDING
+    pods.go("running")
+    wait_for(started(executor, pods, waiting))
+
+
+def test_a_new_run_takes_back_extra_workers_and_every_run_keeps_its_coordinator(make_executor, pods: Pods) -> None:
+    executor = make_executor([Node("n1", cores=2, memory_gb=1.0)])
+    a_w0 = pods.spec("a0", run="ra", worker="w0", priority="simrun-standard-base")
+    a_w1 = pods.spec("a1", run="ra", worker="w1", priority="simrun-standard-extra")
+    executor.start_pods([a_w0, a_w1])
+    wait_for(lambda: started(executor, pods, a_w0)() and started(executor, pods, a_w1)())
+    b_w0 = pods.spec("b0", run="rb", worker="w0", priority="simrun-standard-base")
+    b_w1 = pods.spec("b1", run="rb", worker="w1", priority="simrun-standard-extra")
+    executor.start_pods([b_w0, b_w1])
+    wait_for(started(executor, pods, b_w0))
+    time.sleep(0.3)
+    assert status(executor, a_w0).phase is PodPhase.RUNNING
+    assert status(executor, a_w0).preemptions == 0
+    assert (status(executor, a_w1).phase, status(executor, a_w1).preemptions) == (PodPhase.PENDING, 1)
+    # The extra workers of both runs are of one priority: they wait for each other, first in first out.
+    assert status(executor, b_w1).phase is PodPhase.PENDING
+    pods.go("a0")
+    wait_for(started(executor, pods, b_w1))
+    assert status(executor, a_w1).phase is PodPhase.PENDING
+
+
+def test_reservations_evict_other_runs_and_hold_the_node_until_released(make_executor, pods: Pods) -> None:
+    executor = make_executor([Node("n1", cores=1, memory_gb=1.0), Node("n2", cores=1, memory_gb=1.0)])
+    other = pods.spec("other", run="r-other", priority="simrun-owner-base")
+    executor.start_pods([other])
+    wait_for(started(executor, pods, other))
+    assert status(executor, other).node == "n1"
+
+    executor.reserve("n1", "r-bench")
+    assert [(n.name, n.reserved_by) for n in executor.nodes()] == [("n1", "r-bench"), ("n2", None)]
+    # Evicted as a NoExecute taint would, though its priority is the highest, and placed again on the free node.
+    wait_for(lambda: pods.starts("other") == 2 and status(executor, other).phase is PodPhase.RUNNING)
+    evicted = status(executor, other)
+    assert (evicted.node, evicted.preemptions, evicted.attempts) == ("n2", 1, 2)
+    assert "evicted by a reservation" in other.log_path.read_text()
+
+    bench = pods.spec("bench", run="r-bench", priority="simrun-agent-extra")
+    third = pods.spec("third", run="r-third", priority="simrun-owner-base")
+    executor.start_pods([bench, third])
+    wait_for(started(executor, pods, bench))
+    assert status(executor, bench).node == "n1"
+    time.sleep(0.3)
+    assert status(executor, third).phase is PodPhase.PENDING
+
+    with pytest.raises(FailedPrecondition, match="reserved by run r-bench"):
+        executor.reserve("n1", "r-third")
+    with pytest.raises(NotFound):
+        executor.reserve("n9", "r-third")
+    executor.reserve("n1", "r-bench")  # the holder may ask again
+
+    pods.go("bench")
+    wait_for(phase_is(executor, bench, PodPhase.SUCCEEDED))
+    time.sleep(0.2)
+    assert status(executor, third).phase is PodPhase.PENDING  # the reservation outlives the pod until released
+    executor.release("r-bench")
+    assert [n.reserved_by for n in executor.nodes()] == [None, None]
+    wait_for(started(executor, pods, third))
+    assert status(executor, third).node == "n1"
+
+
+def test_stop_fails_running_and_pending_pods_and_kills_after_the_grace(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    stubborn_command = [
+        sys.executable,
+        "-c",
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open('stubborn.starts', 'w').write('x\\n')\ntime.sleep(60)",
+    ]
+    stubborn = pods.spec("stubborn", grace_s=0.3, command=stubborn_command)
+    queued = pods.spec("queued")
+    other = pods.spec("other", run="r2")
+    executor.start_pods([stubborn, queued, other])
+    wait_for(started(executor, pods, stubborn))
+    executor.stop_pods("r1", "queued")
+    assert status(executor, queued).phase is PodPhase.FAILED
+    assert status(executor, queued).message == "stopped"
+    assert status(executor, stubborn).phase is PodPhase.RUNNING
+    begun = time.monotonic()
+    executor.stop_pods("r1")
+    wait_for(phase_is(executor, stubborn, PodPhase.FAILED))
+    assert time.monotonic() - begun >= 0.3
+    assert (status(executor, stubborn).message, status(executor, stubborn).exit_code) == ("stopped", -9)
+    assert status(executor, stubborn).memory_kills == []
+    wait_for(started(executor, pods, other))
+
+
+def test_a_pod_larger_than_every_node_fails_and_bad_specs_are_refused(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    huge = pods.spec("huge", cores=4)
+    executor.start_pods([huge])
+    wait_for(phase_is(executor, huge, PodPhase.FAILED))
+    assert status(executor, huge).message == "needs 4 cores and 0.25 GiB; no node has that much"
+    with pytest.raises(InvalidArgument, match="unknown priority class"):
+        executor.start_pods([pods.spec("odd", priority="simrun-nobody-base")])
+    missing = pods.spec("missing", command=["/nonexistent/simrun-worker"])
+    executor.start_pods([missing])
+    wait_for(phase_is(executor, missing, PodPhase.FAILED))
+    assert status(executor, missing).message.startswith("cannot start:")
+
+
+def _memory_pod(pods: Pods, name: str, mib: int, processes: int = 1) -> PodSpec:
+    command = [sys.executable, "-c", ALLOCATE, str(mib), "1.0"]
+    return pods.spec(name, memory_gb=0.25, retry_memory_gb=0.5, processes=processes, command=command)
+
+
+@pytest.mark.parametrize(
+    "cgroups",
+    [
+        pytest.param(True, marks=pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups on this machine")),
+        False,
+    ],
+    ids=["cgroup", "watchdog"],
+)
+def test_a_pod_over_its_memory_is_killed_and_retried_once_with_the_retry_memory(
+    make_executor, pods: Pods, cgroups: bool
+) -> None:
+    executor = make_executor([Node("n1", cores=2, memory_gb=2.0)], cgroup_root="auto" if cgroups else None)
+    assert (executor.cgroup_version is not None) is cgroups
+    fits = _memory_pod(pods, "fits", 384)
+    never = _memory_pod(pods, "never", 640, processes=2)
+    executor.start_pods([fits, never])
+    wait_for(phase_is(executor, fits, PodPhase.SUCCEEDED))
+    wait_for(phase_is(executor, never, PodPhase.FAILED))
+    evidence = "cgroup" if cgroups else "watchdog"
+
+    retried = status(executor, fits)
+    assert (retried.attempts, retried.memory_gb, retried.preemptions) == (2, 0.5, 0)
+    assert [(k.memory_gb, k.per_worker_gb, k.evidence) for k in retried.memory_kills] == [(0.25, 0.25, evidence)]
+    log = fits.log_path.read_text()
+    assert "attempt 2 of pod r1.fits.w0 on node n1, memory limit 0.5 GiB" in log
+    assert "killed for memory" in log
+
+    failed = status(executor, never)
+    assert failed.message == "killed for memory twice; the retry had 0.5 GiB (0.25 GiB per process)"
+    assert [(k.memory_gb, k.evidence) for k in failed.memory_kills] == [(0.25, evidence), (0.5, evidence)]
+
+
+@pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups on this machine")
+def test_pods_run_in_their_own_cgroup_which_is_removed_after(make_executor, pods: Pods) -> None:
+    executor = make_executor(cgroup_root="auto")
+    probe = [
+        sys.executable,
+        "-c",
+        "import os; print('cgroup', os.environ['SIMRUN_CGROUP'])\nprint(open('/proc/self/cgroup').read())",
+    ]
+    spec = pods.spec("probe", command=probe)
+    executor.start_pods([spec])
+    wait_for(phase_is(executor, spec, PodPhase.SUCCEEDED))
+    log = spec.log_path.read_text()
+    cgroup = Path(log.split("\ncgroup ", 1)[1].split()[0])
+    assert cgroup.parent.name == executor.executor_id
+    assert f"/simrun/{executor.executor_id}/{cgroup.name}" in log  # the process itself was in it
+    assert not cgroup.exists()
+    parent = cgroup.parent
+    assert parent.exists()
+    executor.close()
+    assert not parent.exists()
+
+
+def test_sigkill_without_evidence_counts_as_a_kill_for_memory(make_executor, pods: Pods) -> None:
+    executor = make_executor(cgroup_root="auto")
+    command = [sys.executable, "-c", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"]
+    killed = pods.spec("killed", command=command, memory_gb=0.25, retry_memory_gb=0.375)
+    executor.start_pods([killed])
+    wait_for(phase_is(executor, killed, PodPhase.FAILED))
+    final = status(executor, killed)
+    assert [(k.memory_gb, k.evidence) for k in final.memory_kills] == [(0.25, "sigkill"), (0.375, "sigkill")]
+    assert final.message == "killed for memory twice; the retry had 0.375 GiB (0.375 GiB per process)"
+
+
+def test_config_lists_nodes_or_defaults_to_this_machine() -> None:
+    config = LocalExecutorConfig.model_validate(
+        {
+            "nodes": [{"name": "a", "cores": 2, "memory_gb": 4}, {"name": "b", "cores": 1, "memory_gb": 0.5}],
+            "cgroup_root": None,
+        }
+    )
+    assert [(n.name, n.cores, n.memory_gb, n.allocatable_cores) for n in config.node_list() or []] == [
+        ("a", 2, 4.0, 2.0),
+        ("b", 1, 0.5, 1.0),
+    ]
+    assert LocalExecutorConfig().cgroup_root == "auto"
+    assert LocalExecutorConfig().node_list() is None
+    with pytest.raises(ValueError, match="unique"):
+        LocalExecutorConfig.model_validate({"nodes": [{"name": "a", "cores": 1, "memory_gb": 1}] * 2})
+    (machine,) = default_nodes()
+    assert machine.cores >= 1
+    assert 0 < machine.memory_gb == int(machine.memory_gb) or machine.memory_gb == 0.5
+    with LocalExecutor.from_config(config) as executor:
+        assert [n.name for n in executor.nodes()] == ["a", "b"]
+        assert executor.cgroup_version is None
