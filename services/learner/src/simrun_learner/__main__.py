@@ -1,0 +1,39 @@
+"""Serves the resource learner alone: `python -m simrun_learner --address 127.0.0.1:50052 --db PATH`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+
+from simrun_core.identity import TokenRegistry
+
+from simrun_learner.learner import ResourceLearner
+from simrun_learner.server import create_server
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parses the arguments, starts the server and serves until interrupted."""
+    parser = argparse.ArgumentParser(prog="python -m simrun_learner", description="Serve the simrun resource learner.")
+    parser.add_argument("--address", default="127.0.0.1:50052", help="host:port to listen on")
+    parser.add_argument(
+        "--db", type=Path, required=True, help="SQLite file of the observations (store root/observations.sqlite)"
+    )
+    parser.add_argument("--tokens", type=Path, help="tokens file; without one, calls are not authenticated")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    tokens = TokenRegistry.load(args.tokens) if args.tokens else None
+    with ResourceLearner(args.db) as learner:
+        bound = create_server(learner, args.address, tokens=tokens).start()
+        logging.getLogger(__name__).info("resource learner serving on port %d with %s", bound.port, args.db)
+        # k3s stops a pod with SIGTERM: report NOT_SERVING to the probes, then finish the calls in flight.
+        signal.signal(signal.SIGTERM, lambda *_: bound.stop())
+        try:
+            bound.server.wait_for_termination()
+        except KeyboardInterrupt:
+            bound.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The resource learner's domain facade: record observations, resolve requests, estimate split tasks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+from simrun_core.paging import page
+from simrun_core.resources import ResolvedResources
+
+from simrun_learner import rules
+from simrun_learner.rules import Estimate, Observation, ObservationKey
+from simrun_learner.store import ObservationStore
+
+DEFAULT_PAGE_SIZE = 100
+
+
+class ResourceLearner:
+    """Learns memory and unit seconds per key from the observations in one SQLite file.
+
+    The run tracker calls it in-process; the gRPC servicer is a thin layer over the same methods.
+    """
+
+    def __init__(self, db_path: Path | str) -> None:
+        self._store = ObservationStore(db_path)
+
+    def resolve(self, key: ObservationKey, hint: ResolvedResources) -> ResolvedResources:
+        """The request of a key from its observations and its type's hint; `rule` and `reason` say why."""
+        key.check()
+        return rules.resolve(self._store.of_key(key), hint)
+
+    def record(self, observation: Observation) -> Observation:
+        """Records one observation; returns it with its id and time. `InvalidArgument` for a bad one."""
+        observation.check()
+        return self._store.add(observation)
+
+    def record_all(self, observations: Iterable[Observation]) -> list[Observation]:
+        """Records several observations (e.g. those of a finished task's reports), checking all first."""
+        observations = list(observations)
+        for observation in observations:
+            observation.check()
+        return [self._store.add(o) for o in observations]
+
+    def observations(self, key: ObservationKey) -> list[Observation]:
+        """Every observation of a key, oldest first."""
+        key.check()
+        return self._store.of_key(key)
+
+    def list_observations(
+        self, key: ObservationKey, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[Observation], str]:
+        """One page of a key's observations, oldest first, and the token of the next page (empty at the end)."""
+        scope = json.dumps([key.task_type, key.model, key.cost_value])
+        return page(self.observations(key), page_size, page_token, scope, DEFAULT_PAGE_SIZE)
+
+    def estimate(self, key: ObservationKey, units: int, pods: int, processes: int) -> Estimate:
+        """The median seconds of a unit times the rounds of the units over the processes of the pods.
+
+        Raises:
+            FailedPrecondition: no unit seconds are learned for the key.
+        """
+        key.check()
+        return rules.estimate(self._store.of_key(key), units, pods, processes)
+
+    def close(self) -> None:
+        """Closes the database."""
+        self._store.close()
+
+    def __enter__(self) -> ResourceLearner:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,96 @@
+"""The learner's persistence: observations in SQLite through sqlmodel, one row per pod of a finished task."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sqlalchemy import Index
+from sqlmodel import Field, Session, SQLModel, col, create_engine, select
+
+from simrun_learner.rules import Observation, ObservationKey
+
+
+class ObservationRow(SQLModel, table=True):
+    """An observation as stored; times are naive UTC, unit seconds a JSON list."""
+
+    __tablename__ = "observations"
+    __table_args__ = (Index("ix_observations_key", "task_type", "model", "cost_value", "observed_at", "id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    task_type: str
+    model: str
+    cost_value: str = ""
+    per_worker_gb: float | None = None
+    oom_killed: bool = False
+    oom_per_worker_gb: float | None = None
+    succeeded: bool = False
+    unit_seconds: str = "[]"
+    run_id: str = ""
+    observed_at: datetime
+
+
+class ObservationStore:
+    """The observations of every key in one SQLite file (`StoreLayout.observations`)."""
+
+    def __init__(self, path: Path | str) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # The gRPC server calls from a pool of threads; each call opens its own session. The store may sit on
+        # NFS, where SQLite's WAL does not work, so the default rollback journal stays with a busy timeout.
+        self._engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": 30})
+        SQLModel.metadata.create_all(self._engine, tables=[ObservationRow.__table__])  # type: ignore[list-item]
+
+    def add(self, observation: Observation) -> Observation:
+        """Stores an observation; returns it with its id and time (now, unless it has one)."""
+        observed_at = observation.observed_at or datetime.now(UTC)
+        row = ObservationRow(
+            task_type=observation.key.task_type,
+            model=observation.key.model,
+            cost_value=observation.key.cost_value,
+            per_worker_gb=observation.per_worker_gb,
+            oom_killed=observation.oom_killed,
+            oom_per_worker_gb=observation.oom_per_worker_gb,
+            succeeded=observation.succeeded,
+            unit_seconds=json.dumps(list(observation.unit_seconds)),
+            run_id=observation.run_id,
+            observed_at=observed_at.astimezone(UTC).replace(tzinfo=None),
+        )
+        with Session(self._engine) as session:
+            session.add(row)
+            session.commit()
+            session.refresh(row)
+            return _observation(row)
+
+    def of_key(self, key: ObservationKey) -> list[Observation]:
+        """Every observation of a key, oldest first (by time, then by the order they were stored)."""
+        query = (
+            select(ObservationRow)
+            .where(
+                ObservationRow.task_type == key.task_type,
+                ObservationRow.model == key.model,
+                ObservationRow.cost_value == key.cost_value,
+            )
+            .order_by(col(ObservationRow.observed_at), col(ObservationRow.id))
+        )
+        with Session(self._engine) as session:
+            return [_observation(row) for row in session.exec(query)]
+
+    def close(self) -> None:
+        """Closes the connections of the store."""
+        self._engine.dispose()
+
+
+def _observation(row: ObservationRow) -> Observation:
+    return Observation(
+        key=ObservationKey(row.task_type, row.model, row.cost_value),
+        per_worker_gb=row.per_worker_gb,
+        oom_killed=row.oom_killed,
+        oom_per_worker_gb=row.oom_per_worker_gb,
+        succeeded=row.succeeded,
+        unit_seconds=tuple(json.loads(row.unit_seconds)),
+        run_id=row.run_id,
+        observed_at=row.observed_at.replace(tzinfo=UTC),
+        observation_id=str(row.id),
+    )
