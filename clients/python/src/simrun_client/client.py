@@ -1,0 +1,295 @@
+"""The typed Python client of simrun: one channel to the gateway, proto messages back, domain errors raised."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
+from simrun_core.config import DEFAULT_ENDPOINT, client_token, simrun_home
+from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
+from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.rpc.errors import to_domain_error
+from simrun_core.workflow import parse_workflow
+
+from simrun_client.channel import open_channel
+from simrun_client.snapshots import snapshot_to_store, upload_snapshot
+
+T = TypeVar("T")
+
+FINAL_RUN_STATES = frozenset(
+    {common_pb2.RUN_STATE_SUCCEEDED, common_pb2.RUN_STATE_FAILED, common_pb2.RUN_STATE_CANCELLED}
+)
+
+# What grpc says when nothing listens at the endpoint (as opposed to a service behind the gateway being down).
+_UNREACHABLE_MARKERS = ("failed to connect", "connection refused", "dns resolution failed", "name resolution")
+
+
+def run_state(name: str | int) -> int:
+    """A `RunState` value from its number, its full name (`RUN_STATE_RUNNING`) or its short one (`running`)."""
+    if isinstance(name, int):
+        return name
+    full = name.upper().replace("-", "_")
+    full = full if full.startswith("RUN_STATE_") else f"RUN_STATE_{full}"
+    try:
+        return common_pb2.RunState.Value(full)
+    except ValueError:
+        names = ", ".join(n.removeprefix("RUN_STATE_").lower() for n in common_pb2.RunState.keys()[1:])
+        raise InvalidArgument(f"unknown run state {name!r}; one of {names}") from None
+
+
+def git_toplevel(path: Path) -> Path:
+    """The root of the git working tree that contains `path`.
+
+    Raises:
+        InvalidArgument: `path` is not inside a git working tree.
+    """
+    folder = path if path.is_dir() else path.parent
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise InvalidArgument("git is not installed: simrun snapshots the git working tree of the model") from None
+    if result.returncode != 0:
+        raise InvalidArgument(
+            f"{path} is not in a git working tree: simrun runs the working tree that holds the workflow; "
+            "put the model under git or name its folder as the model"
+        )
+    return Path(result.stdout.strip())
+
+
+class Client:
+    """A connection to simrun at one endpoint (the gateway), authenticated by a bearer token.
+
+    Every method returns proto messages of `simrun.v1` and raises the `simrun_core.errors` hierarchy
+    (`InvalidArgument`, `NotFound`, `FailedPrecondition`, `PermissionDenied`, `Unauthenticated`,
+    `Unavailable`, …) instead of gRPC errors.
+
+    Args:
+        endpoint: `host:port` of the gateway; None for `simrun_core.config.DEFAULT_ENDPOINT`.
+        token: the bearer token; None for `$SIMRUN_TOKEN`, else `$SIMRUN_HOME/token`.
+        timeout_s: seconds a unary call may take (streams are not limited); None for no limit.
+    """
+
+    def __init__(
+        self, endpoint: str | None = None, token: str | None = None, *, timeout_s: float | None = 120.0
+    ) -> None:
+        self.endpoint = endpoint or DEFAULT_ENDPOINT
+        self.token = client_token(token)
+        self.timeout_s = timeout_s
+        self._metadata = bearer_metadata(self.token)
+        self._channel = open_channel(self.endpoint, self.token)
+        self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+        self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel to the gateway, for stubs of services this client has no method for."""
+        return self._channel
+
+    def identity(self) -> common_pb2.Identity:
+        """Who the token belongs to and at which priority its runs go."""
+        return self._call(self._gateway.GetIdentity, gateway_pb2.GetIdentityRequest()).identity
+
+    def snapshot(self, tree: str | Path, *, name: str | None = None, store: str | Path | None = None) -> Any:
+        """Snapshots a git working tree: into `store` when it is mounted here, else by uploading it.
+
+        Returns:
+            The `Snapshot` message, its `path` relative to the store root.
+        """
+        tree = Path(tree)
+        if not tree.is_dir():
+            raise InvalidArgument(f"cannot snapshot {tree}: not a folder")
+        try:
+            if store is not None:
+                return snapshot_to_store(tree, Path(store), name=name)
+            return upload_snapshot(tree, self._channel, name=name)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def submit(
+        self,
+        workflow_path: str | Path,
+        *,
+        model: str | Path | None = None,
+        group: str | None = None,
+        single_server: bool = False,
+        reserve: str | None = None,
+        store: str | Path | None = None,
+    ) -> common_pb2.Run:
+        """Submits a workflow file, run on a snapshot of its model, and returns the run as recorded (SUBMITTING).
+
+        Args:
+            workflow_path: the workflow file (YAML).
+            model: the model's working tree; None for the git working tree that holds the workflow file.
+            group: the run's group; None for the workflow's, else `default`.
+            single_server: place every split task's pod on one server.
+            reserve: a node to reserve for the run; None for the workflow's or none.
+            store: the run store when it is mounted on this machine: the snapshot is written there directly
+                instead of being uploaded.
+        """
+        text, snapshots = self._prepare(workflow_path, model, store)
+        request = tracker_pb2.SubmitRunRequest(
+            workflow=text,
+            snapshots=snapshots,
+            group=group or "",
+            mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
+            reserve=reserve or "",
+        )
+        return self._call(self._tracker.SubmitRun, request).run
+
+    def estimate(
+        self,
+        workflow_path: str | Path,
+        *,
+        model: str | Path | None = None,
+        single_server: bool = False,
+        store: str | Path | None = None,
+    ) -> tracker_pb2.EstimateRunResponse:
+        """Plans a workflow file without running it: each task's plan, resources and, once learned, seconds."""
+        text, snapshots = self._prepare(workflow_path, model, store)
+        request = tracker_pb2.EstimateRunRequest(
+            workflow=text,
+            snapshots=snapshots,
+            mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
+        )
+        return self._call(self._tracker.EstimateRun, request)
+
+    def get_run(self, run_id: str) -> common_pb2.Run:
+        """The run `run_id` now."""
+        return self._call(self._tracker.GetRun, tracker_pb2.GetRunRequest(run_id=run_id)).run
+
+    def list_runs(
+        self,
+        group: str | None = None,
+        state: str | int | None = None,
+        owner: str | None = None,
+        page_size: int = 0,
+    ) -> list[common_pb2.Run]:
+        """Every run matching the filters, newest first, read page by page.
+
+        Args:
+            group: only this group's runs.
+            state: only runs in this state (`running`, `RUN_STATE_RUNNING` or the enum value).
+            owner: only runs submitted by this identity name.
+            page_size: runs per request; 0 for the server's default.
+        """
+        request = tracker_pb2.ListRunsRequest(
+            group=group or "",
+            state=run_state(state) if state is not None else common_pb2.RUN_STATE_UNSPECIFIED,
+            owner=owner or "",
+            page_size=page_size,
+        )
+        runs: list[common_pb2.Run] = []
+        while True:
+            response = self._call(self._tracker.ListRuns, request)
+            runs.extend(response.runs)
+            if not response.next_page_token:
+                return runs
+            request.page_token = response.next_page_token
+
+    def cancel(self, run_id: str) -> common_pb2.Run:
+        """Cancels a run and stops its pods; returns the run."""
+        return self._call(self._tracker.CancelRun, tracker_pb2.CancelRunRequest(run_id=run_id)).run
+
+    def watch(self, run_id: str) -> Iterator[tracker_pb2.WatchRunResponse]:
+        """The run and its tasks' progress whenever they change, until it ends."""
+        return self._stream(self._tracker.WatchRun, tracker_pb2.WatchRunRequest(run_id=run_id))
+
+    def wait(self, run_id: str) -> common_pb2.Run:
+        """Blocks until the run ends and returns it."""
+        run: common_pb2.Run | None = None
+        for update in self.watch(run_id):
+            run = update.run
+            if run.state in FINAL_RUN_STATES:
+                return run
+        # The stream ended without a final state (e.g. the server stopped): say what the run is now.
+        return self.get_run(run_id) if run is None or run.state not in FINAL_RUN_STATES else run
+
+    def logs(
+        self, run_id: str, task_id: str, worker: str | None = None, follow: bool = False
+    ) -> Iterator[tracker_pb2.StreamLogsResponse]:
+        """The logs of a task's pods (or of one worker, `w0`, `w1`, …), following them while the task runs."""
+        request = tracker_pb2.StreamLogsRequest(run_id=run_id, task_id=task_id, worker=worker or "", follow=follow)
+        return self._stream(self._tracker.StreamLogs, request)
+
+    def compare(self, run_ids: list[str] | None = None, group: str | None = None) -> tracker_pb2.CompareRunsResponse:
+        """The summary values of runs (or of a group's runs) side by side: one row per task and summary key."""
+        request = tracker_pb2.CompareRunsRequest(run_ids=list(run_ids or ()), group=group or "")
+        return self._call(self._tracker.CompareRuns, request)
+
+    def nodes(self) -> list[common_pb2.Node]:
+        """The executor's nodes with their reservations."""
+        request = tracker_pb2.ListNodesRequest()
+        nodes: list[common_pb2.Node] = []
+        while True:
+            response = self._call(self._tracker.ListNodes, request)
+            nodes.extend(response.nodes)
+            if not response.next_page_token:
+                return nodes
+            request.page_token = response.next_page_token
+
+    def _prepare(
+        self, workflow_path: str | Path, model: str | Path | None, store: str | Path | None
+    ) -> tuple[str, list[common_pb2.Snapshot]]:
+        """The workflow's text, checked here first so a bad file costs no snapshot, and the model's snapshot."""
+        path = Path(workflow_path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot read the workflow {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise InvalidArgument(f"cannot read the workflow {path}: not UTF-8 text") from None
+        parse_workflow(text, source=str(path))
+        root = Path(model) if model is not None else git_toplevel(path.resolve())
+        return text, [self.snapshot(root, store=store)]
+
+    def _call(self, method: Callable[..., T], request: Any) -> T:
+        try:
+            return method(request, metadata=self._metadata, timeout=self.timeout_s)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def _stream(self, method: Callable[..., Any], request: Any) -> Iterator[Any]:
+        call = method(request, metadata=self._metadata)
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        finally:
+            # A consumer that stops early must not leave the stream open on the server.
+            call.cancel()
+
+    def _error(self, exc: grpc.RpcError) -> SimrunError:
+        error = to_domain_error(exc)
+        message = str(error)
+        if isinstance(error, Unavailable) and any(m in message.lower() for m in _UNREACHABLE_MARKERS):
+            return Unavailable(f"cannot reach simrun at {self.endpoint}: start it with `simrun server`")
+        if isinstance(error, Unauthenticated) and not self.token:
+            return Unauthenticated(
+                f"{message}: no token given; pass one, set SIMRUN_TOKEN or start `simrun server`, "
+                f"which writes {simrun_home() / 'token'}"
+            )
+        return error
+
+
+__all__ = ["FINAL_RUN_STATES", "Client", "git_toplevel", "run_state"]
