@@ -45,6 +45,7 @@ class ServerConfig(BaseModel):
     """Everything `simrun server` and each service's `__main__` need."""
 
     model_config = ConfigDict(extra="forbid")
+    home: Path = Field(default_factory=simrun_home, description="Holds the default store, tokens and token.")
     store: Path = Field(default_factory=lambda: simrun_home() / "store")
     address: str = f"127.0.0.1:{DEFAULT_PORT}"
     tokens_file: Path | None = Field(default=None, description="None: the home's tokens.yaml, made if missing.")

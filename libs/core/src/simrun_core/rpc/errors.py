@@ -72,7 +72,7 @@ def _wrap_unary(fn: Callable[..., Any], method: str, translate: Translate) -> Ca
         try:
             return fn(request, context)
         except Exception as exc:
-            if _is_abort(exc):
+            if _aborted(context):
                 raise
             _abort(context, exc, method, translate)
 
@@ -84,16 +84,16 @@ def _wrap_stream(fn: Callable[..., Any], method: str, translate: Translate) -> C
         try:
             yield from fn(request, context)
         except Exception as exc:
-            if _is_abort(exc):
+            if _aborted(context):
                 raise
             _abort(context, exc, method, translate)
 
     return wrapper
 
 
-def _is_abort(exc: Exception) -> bool:
-    # context.abort raises a bare Exception subclass private to grpc; let it through untouched.
-    return type(exc).__module__.startswith("grpc")
+def _aborted(context: grpc.ServicerContext) -> bool:
+    # context.abort raises a bare Exception after setting the status; let it through untouched.
+    return context.code() is not None
 
 
 __all__ = ["ErrorInterceptor", "status_code", "to_domain_error"]

@@ -1,0 +1,154 @@
+"""The gateway server: every service in one process (the embedded default), or some forwarded to their addresses."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from simrun.v1 import (
+    gateway_pb2,
+    gateway_pb2_grpc,
+    learner_pb2,
+    learner_pb2_grpc,
+    planner_pb2,
+    planner_pb2_grpc,
+    snapshot_pb2,
+    tracker_pb2,
+    tracker_pb2_grpc,
+)
+from simrun_core.config import ServerConfig, ensure_local_tokens
+from simrun_core.errors import FailedPrecondition, InvalidArgument
+from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.server import BoundServer, Registration, build_server
+from simrun_learner.learner import ResourceLearner
+from simrun_learner.servicer import ResourceLearnerService
+from simrun_planner import PlanError
+from simrun_planner.servicer import PlannerService
+from simrun_runtime.layout import StoreLayout
+from simrun_snapshot.server import register as register_snapshots
+from simrun_tracker.describer import SubprocessDescriber
+from simrun_tracker.learning import InProcessLearner
+from simrun_tracker.local import LocalExecutor
+from simrun_tracker.ports import ServerInterpreter
+from simrun_tracker.servicer import RunTrackerServicer
+from simrun_tracker.tracker import RunTracker
+
+from simrun_gateway.proxy import ForwardingHandler, method_shapes
+from simrun_gateway.servicer import GatewayServicer
+
+log = logging.getLogger(__name__)
+
+_DESCRIPTORS = {
+    "planner": planner_pb2.DESCRIPTOR.services_by_name["PlannerService"],
+    "learner": learner_pb2.DESCRIPTOR.services_by_name["ResourceLearnerService"],
+    "snapshot": snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"],
+    "tracker": tracker_pb2.DESCRIPTOR.services_by_name["RunTrackerService"],
+}
+
+
+@dataclass
+class EmbeddedServer:
+    """A running gateway server and the parts it serves in process."""
+
+    server: BoundServer
+    config: ServerConfig
+    token: str
+    """The owner's token made on first start; empty when the config names its own tokens file."""
+    tracker: RunTracker | None = None
+    learner: ResourceLearner | None = None
+    closers: list[Any] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def address(self) -> str:
+        host = self.config.address.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stops serving, then the tracker (its pods stop; a new server starts them again) and the learner."""
+        self.server.stop(grace_s)
+        for closer in self.closers:
+            closer()
+
+
+def start_embedded(config: ServerConfig) -> EmbeddedServer:
+    """Starts the gateway with every service not given an address in `config.services` served in process.
+
+    Raises:
+        InvalidArgument: a bad tokens file or service address, or the tracker configured without the learner.
+    """
+    if config.tokens_file is not None:
+        tokens, token = TokenRegistry.load(config.tokens_file), ""
+    else:
+        tokens_file, token = ensure_local_tokens(config.home)
+        tokens = TokenRegistry.load(tokens_file)
+    store = StoreLayout(config.store)
+    store.root.mkdir(parents=True, exist_ok=True)
+    remote = {name: address for name, address in config.services.model_dump().items() if address}
+    if "tracker" not in remote and "learner" in remote:
+        raise InvalidArgument("serve the tracker beside the learner: set both services.tracker and services.learner")
+    registrations: list[Registration] = [
+        lambda s: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(), s)
+    ]
+    names = [gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name]
+    closers: list[Any] = []
+    learner = tracker = None
+    if "planner" not in remote:
+        registrations.append(lambda s: planner_pb2_grpc.add_PlannerServiceServicer_to_server(PlannerService(), s))
+    if "learner" not in remote:
+        learner = ResourceLearner(store.observations)
+        registrations.append(
+            lambda s: learner_pb2_grpc.add_ResourceLearnerServiceServicer_to_server(ResourceLearnerService(learner), s)
+        )
+    if "snapshot" not in remote:
+        registrations.append(register_snapshots(store.root))
+    if "tracker" not in remote:
+        assert learner is not None
+        executor = LocalExecutor(nodes=[n.node() for n in config.nodes] if config.nodes else None)
+        tracker = RunTracker(
+            store,
+            executor,
+            InProcessLearner(learner, store),
+            SubprocessDescriber(),
+            ServerInterpreter(),
+            grace_s=config.grace_s,
+            merge_wait_s=config.merge_wait_s,
+        )
+        closers.append(tracker.close)
+        registrations.append(
+            lambda s: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(RunTrackerServicer(tracker), s)
+        )
+    if learner is not None:
+        closers.append(learner.close)
+    if remote:
+        forwarding = ForwardingHandler(
+            {_DESCRIPTORS[name].full_name: address for name, address in remote.items()},
+            method_shapes(*(_DESCRIPTORS[name] for name in remote)),
+        )
+        registrations.append(lambda s: s.add_generic_rpc_handlers((forwarding,)))
+        closers.append(forwarding.close)
+    names += [d.full_name for name, d in _DESCRIPTORS.items() if name not in remote]
+    server = build_server(
+        config.address, registrations, names, tokens=tokens, translate={PlanError: FailedPrecondition}
+    ).start()
+    if tracker is not None:
+        tracker.start()
+    return EmbeddedServer(server, config, token, tracker, learner, closers)
+
+
+def serve(config: ServerConfig, ready: Any = None) -> None:
+    """Serves until SIGINT or SIGTERM, then stops the pods and the services."""
+    embedded = start_embedded(config)
+    if ready is not None:
+        ready(embedded)
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    embedded.stop()

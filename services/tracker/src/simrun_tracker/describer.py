@@ -1,0 +1,131 @@
+"""Describes task types in subprocesses with the model's interpreter, so user code never runs in a service."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from simrun_core.errors import Unavailable
+from simrun_runtime.describe import DescribeRequest, DescribeResponse
+
+
+class TypeDescriber(Protocol):
+    """Describes task types (and checks settings, counts units) for a model root with an interpreter."""
+
+    def describe(
+        self, interpreter: str, model_root: Path, requests: list[DescribeRequest]
+    ) -> list[DescribeResponse]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Process:
+    proc: subprocess.Popen[str]
+    lock: threading.Lock
+    used: float
+
+
+class SubprocessDescriber:
+    """Keeps one long-lived `python -m simrun_runtime.describe --serve` per (interpreter, model root).
+
+    A model root is an immutable snapshot, so what a describer imported from it never goes stale; keeping the
+    process makes a submission cost a round trip instead of an interpreter start and the model's imports.
+    """
+
+    def __init__(self, max_processes: int = 8, timeout_s: float = 120.0) -> None:
+        self._max = max_processes
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._processes: OrderedDict[tuple[str, str], _Process] = OrderedDict()
+
+    def describe(self, interpreter: str, model_root: Path, requests: list[DescribeRequest]) -> list[DescribeResponse]:
+        key = (interpreter, str(model_root))
+        for attempt in range(2):
+            process = self._process(key)
+            with process.lock:
+                process.used = time.monotonic()
+                try:
+                    return self._round_trip(process.proc, requests)
+                except (BrokenPipeError, OSError, ValueError, EOFError) as exc:
+                    self._drop(key, process)
+                    if attempt:
+                        raise Unavailable(
+                            f"the task type describer for {model_root} failed: {exc}; check that the model imports"
+                        ) from exc
+        raise AssertionError("unreachable")
+
+    def _round_trip(self, proc: subprocess.Popen[str], requests: list[DescribeRequest]) -> list[DescribeResponse]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps([r.model_dump(mode="json") for r in requests]) + "\n")
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], self._timeout_s)
+        if not ready:
+            proc.kill()
+            raise EOFError(f"no answer within {self._timeout_s:.0f} s")
+        line = proc.stdout.readline()
+        if not line:
+            raise EOFError(f"the describer exited with {proc.wait()}")
+        return [DescribeResponse.model_validate(item) for item in json.loads(line)]
+
+    def _process(self, key: tuple[str, str]) -> _Process:
+        with self._lock:
+            process = self._processes.get(key)
+            if process is not None and process.proc.poll() is None:
+                self._processes.move_to_end(key)
+                return process
+            interpreter, model_root = key
+            env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen(
+                [interpreter, "-m", "simrun_runtime.describe", "--serve"],
+                cwd=model_root,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
+            process = _Process(proc, threading.Lock(), time.monotonic())
+            self._processes[key] = process
+            while len(self._processes) > self._max:
+                _, oldest = self._processes.popitem(last=False)
+                _stop(oldest.proc)
+            return process
+
+    def _drop(self, key: tuple[str, str], process: _Process) -> None:
+        with self._lock:
+            if self._processes.get(key) is process:
+                del self._processes[key]
+        _stop(process.proc)
+
+    def close(self) -> None:
+        with self._lock:
+            processes = list(self._processes.values())
+            self._processes.clear()
+        for process in processes:
+            _stop(process.proc)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        if proc.stdin:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for stream in (proc.stdout,):
+        if stream:
+            stream.close()

@@ -1,0 +1,121 @@
+"""The SQLite index of runs beside the store: a cache of the records for listing, rebuilt from them at start."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+from simrun_runtime.files import read_json
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import RunRecord
+from sqlalchemy import Engine, event
+from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
+
+
+class RunRow(SQLModel, table=True):
+    """One run as the concepts page lists it: id, owner, agent, group, workflow, state, times, pending release
+    and cancellation, snapshots and summary."""
+
+    __tablename__ = "runs"
+    run_id: str = Field(primary_key=True)
+    owner: str = Field(index=True, description="The person: the submitter, or the person an agent acts for.")
+    agent: str | None = Field(default=None, index=True, description="The agent that submitted it, if one did.")
+    group: str = Field(index=True)
+    workflow: str = Field(description="The workflow's name.")
+    state: str = Field(index=True)
+    created_at: datetime = Field(index=True)
+    updated_at: datetime
+    ended_at: datetime | None = None
+    pending_release: bool = Field(default=False, description="A reservation it holds, released when it ends.")
+    cancel_requested: bool = False
+    snapshots: str = Field(default="[]", description="JSON list of `<name>/<snapshot_id>`.")
+    summary: str = Field(default="{}", description="JSON: task id -> its summary.json, once merged.")
+
+
+def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
+    identity = record.identity
+    is_agent = identity.kind == "agent"
+    return RunRow(
+        run_id=record.run_id,
+        owner=(identity.on_behalf_of or identity.name) if is_agent else identity.name,
+        agent=identity.name if is_agent else None,
+        group=record.group,
+        workflow=str(record.workflow.get("name", "workflow")),
+        state=record.state.value,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+        ended_at=record.ended_at,
+        pending_release=bool(record.reservation) and not record.state.final,
+        cancel_requested=record.cancel_requested,
+        snapshots=json.dumps([f"{s.name}/{s.snapshot_id}" for s in record.snapshots]),
+        summary=json.dumps(summary, sort_keys=True),
+    )
+
+
+def task_summaries(store: StoreLayout, record: RunRecord) -> dict[str, object]:
+    """The summary.json of each merged task of a run."""
+    run = store.run(record.run_id)
+    summaries: dict[str, object] = {}
+    for task_id in record.tasks:
+        path = run.task(task_id).summary
+        if path.is_file():
+            try:
+                summaries[task_id] = read_json(path)
+            except (OSError, ValueError):
+                continue
+    return summaries
+
+
+class RunIndex:
+    """Lists and filters runs without reading every record; the records stay the source of truth."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._engine: Engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False})
+
+        @event.listens_for(self._engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+        SQLModel.metadata.create_all(self._engine, tables=[RunRow.__table__])  # type: ignore[list-item]
+
+    def rebuild(self, store: StoreLayout) -> list[RunRecord]:
+        """Empties the index and fills it from every `runs/<id>/run.json`; returns the records read."""
+        records: list[RunRecord] = []
+        if store.runs.is_dir():
+            for run_dir in sorted(store.runs.iterdir()):
+                layout = store.run(run_dir.name)
+                if not layout.record.is_file():
+                    continue
+                records.append(RunRecord.load(layout))
+        with Session(self._engine) as session:
+            session.exec(delete(RunRow))  # type: ignore[call-overload]
+            for record in records:
+                session.add(row_from_record(record, task_summaries(store, record)))
+            session.commit()
+        return records
+
+    def put(self, row: RunRow) -> None:
+        with Session(self._engine) as session:
+            session.merge(row)
+            session.commit()
+
+    def list(self, group: str = "", state: str = "", owner: str = "") -> list[RunRow]:
+        """Runs newest first, filtered; `owner` matches the person or the agent."""
+        query = select(RunRow)
+        if group:
+            query = query.where(RunRow.group == group)
+        if state:
+            query = query.where(RunRow.state == state)
+        if owner:
+            query = query.where((RunRow.owner == owner) | (RunRow.agent == owner))
+        query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
+        with Session(self._engine) as session:
+            return list(session.exec(query))
+
+    def close(self) -> None:
+        self._engine.dispose()

@@ -1,0 +1,85 @@
+"""The RunTrackerService servicer: decodes a request, makes one call on the run tracker, encodes the answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+from simrun.v1 import tracker_pb2, tracker_pb2_grpc
+from simrun_core.paging import page
+from simrun_core.rpc.auth import current_identity
+
+from simrun_tracker import convert
+from simrun_tracker.tracker import RunTracker
+
+
+class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
+    """Thin translation between simrun.v1 and `RunTracker`."""
+
+    def __init__(self, tracker: RunTracker) -> None:
+        self.tracker = tracker
+
+    def SubmitRun(
+        self, request: tracker_pb2.SubmitRunRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.SubmitRunResponse:
+        record = self.tracker.submit(convert.submission(self.tracker.store, request), current_identity())
+        return tracker_pb2.SubmitRunResponse(run=convert.run_message(record))
+
+    def GetRun(self, request: tracker_pb2.GetRunRequest, context: grpc.ServicerContext) -> tracker_pb2.GetRunResponse:
+        record = self.tracker.get(request.run_id)
+        return tracker_pb2.GetRunResponse(run=convert.run_message(record, self.tracker.progress(record)))
+
+    def ListRuns(
+        self, request: tracker_pb2.ListRunsRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.ListRunsResponse:
+        state = convert.RUN_STATE_FROM_PROTO.get(request.state)
+        run_ids = self.tracker.list(request.group, state.value if state else "", request.owner)
+        scope = f"{request.group}|{request.state}|{request.owner}"
+        chunk, token = page(run_ids, request.page_size, request.page_token, scope, default=50)
+        runs = [convert.run_message(self.tracker.get(run_id)) for run_id in chunk]
+        return tracker_pb2.ListRunsResponse(runs=runs, next_page_token=token)
+
+    def CancelRun(
+        self, request: tracker_pb2.CancelRunRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.CancelRunResponse:
+        record = self.tracker.cancel(request.run_id, current_identity())
+        return tracker_pb2.CancelRunResponse(run=convert.run_message(record))
+
+    def WatchRun(
+        self, request: tracker_pb2.WatchRunRequest, context: grpc.ServicerContext
+    ) -> Iterator[tracker_pb2.WatchRunResponse]:
+        for record, progress in self.tracker.watch(request.run_id):
+            if not context.is_active():
+                return
+            yield tracker_pb2.WatchRunResponse(
+                run=convert.run_message(record, progress), progress=convert.progress_messages(progress)
+            )
+
+    def StreamLogs(
+        self, request: tracker_pb2.StreamLogsRequest, context: grpc.ServicerContext
+    ) -> Iterator[tracker_pb2.StreamLogsResponse]:
+        for pod, lines in self.tracker.logs(request.run_id, request.task_id, request.worker, request.follow):
+            if not context.is_active():
+                return
+            yield tracker_pb2.StreamLogsResponse(pod=pod, lines=lines)
+
+    def CompareRuns(
+        self, request: tracker_pb2.CompareRunsRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.CompareRunsResponse:
+        return convert.comparison_message(self.tracker.compare(list(request.run_ids), request.group))
+
+    def EstimateRun(
+        self, request: tracker_pb2.EstimateRunRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.EstimateRunResponse:
+        snapshots = convert.snapshot_refs(self.tracker.store, request.snapshots)
+        estimates = self.tracker.estimate(
+            request.workflow, snapshots, current_identity(), convert.MODE_FROM_PROTO[request.mode]
+        )
+        return convert.estimate_message(estimates)
+
+    def ListNodes(
+        self, request: tracker_pb2.ListNodesRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.ListNodesResponse:
+        nodes = [convert.node_message(node) for node in self.tracker.nodes()]
+        chunk, token = page(nodes, request.page_size, request.page_token, "nodes", default=100)
+        return tracker_pb2.ListNodesResponse(nodes=chunk, next_page_token=token)

@@ -1,0 +1,163 @@
+"""Turns a submitted workflow into a planned run: type checks in a subprocess, resolved resources, plans."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from simrun_core.identity import Priority
+from simrun_core.resources import ResolvedResources, SplitMode
+from simrun_core.workflow import Workflow
+from simrun_learner.rules import ObservationKey
+from simrun_planner import Node, PlanError, TaskPlan, plan_task
+from simrun_runtime.describe import DescribeRequest
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.loading import TypeDescription
+from simrun_runtime.record import SnapshotRef
+
+from simrun_tracker.describer import TypeDescriber
+from simrun_tracker.ports import LearnerPort
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    """A task of a submission, checked against its type, with its resources and plan."""
+
+    task_id: str
+    description: TypeDescription
+    settings: dict[str, object]
+    resources: ResolvedResources
+    plan: TaskPlan
+    key: ObservationKey
+
+
+@dataclass(frozen=True)
+class _PlanTask:
+    """What `plan_task` reads of a task: its id."""
+
+    id: str
+
+
+@dataclass(frozen=True)
+class _PlanType:
+    """What `plan_task` reads of a type: its name and whether it is split."""
+
+    name: str
+    split: bool
+
+
+def check_snapshots(store: StoreLayout, snapshots: list[SnapshotRef]) -> Path:
+    """The model root (the first snapshot); `NotFound` for a snapshot not in the store."""
+    if not snapshots:
+        raise InvalidArgument("a run needs the snapshot of its model: snapshot the working tree first")
+    for snapshot in snapshots:
+        if not snapshot.resolve(store).is_dir():
+            raise NotFound(f"snapshot {snapshot.name}/{snapshot.snapshot_id} is not in the store: upload it first")
+    return snapshots[0].resolve(store)
+
+
+def describe_tasks(
+    describer: TypeDescriber, interpreter: str, model_root: Path, workflow: Workflow
+) -> dict[str, TypeDescription]:
+    """Loads every task's type in a subprocess and checks settings and inputs against it.
+
+    Raises:
+        InvalidArgument: an unknown task type, an unknown or misspelled setting, an input port the type does not
+            have, an unconnected input port, or an input reading a port its task does not have.
+    """
+    order = list(workflow.order)
+    requests = [
+        DescribeRequest(
+            type=workflow.spec.tasks[t].type, model_root=str(model_root), settings=workflow.spec.tasks[t].settings
+        )
+        for t in order
+    ]
+    responses = describer.describe(interpreter, model_root, requests)
+    descriptions: dict[str, TypeDescription] = {}
+    for task_id, response in zip(order, responses, strict=True):
+        if not response.ok or response.description is None:
+            raise InvalidArgument(f"task {task_id}: {response.error}")
+        description = response.description
+        if description.settings_errors:
+            raise InvalidArgument(f"task {task_id}: {'; '.join(description.settings_errors)}")
+        descriptions[task_id] = description
+    for task_id in order:
+        description = descriptions[task_id]
+        wired = workflow.inputs[task_id]
+        for port, ref in wired.items():
+            if port not in description.inputs:
+                known = ", ".join(description.inputs) or "none"
+                raise InvalidArgument(
+                    f"task {task_id}: unknown input port {port!r} of type {description.type} (its inputs: {known})"
+                )
+            upstream = descriptions[ref.task]
+            if ref.port not in upstream.outputs:
+                known = ", ".join(upstream.outputs) or "none"
+                raise InvalidArgument(
+                    f"task {task_id}: input {port} reads {ref.task}.{ref.port}, but {ref.task} has no output "
+                    f"port {ref.port!r} (its outputs: {known})"
+                )
+        for port in description.inputs:
+            if port not in wired:
+                raise InvalidArgument(f"task {task_id}: input port {port!r} is not connected: add inputs.{port}")
+    return descriptions
+
+
+def usable_nodes(nodes: list[Node], run_id: str, reserve: str | None) -> list[Node]:
+    """The nodes a run may plan on: the one it reserves, else those no other run reserves.
+
+    Raises:
+        NotFound: the node to reserve does not exist.
+        FailedPrecondition: another run holds the node to reserve.
+    """
+    if reserve is None:
+        return [node for node in nodes if node.reserved_by in (None, run_id)]
+    for node in nodes:
+        if node.name == reserve:
+            if node.reserved_by not in (None, run_id):
+                raise FailedPrecondition(f"node {reserve} is reserved by run {node.reserved_by}")
+            return [dataclasses.replace(node, reserved_by=None)]
+    raise NotFound(f"no node {reserve!r}: `simrun nodes` lists them")
+
+
+def plan_tasks(
+    workflow: Workflow,
+    descriptions: dict[str, TypeDescription],
+    learner: LearnerPort,
+    nodes: list[Node],
+    model: str,
+    priority: Priority,
+    mode: SplitMode | None,
+) -> list[PlannedTask]:
+    """Resolves each task's resources through the learner and plans its pods through the planner."""
+    planned = []
+    for task_id in workflow.order:
+        description = descriptions[task_id]
+        hint = description.resources
+        key = ObservationKey(description.type, model, description.cost_value or "")
+        resources = learner.resolve(
+            key,
+            ResolvedResources(
+                base_memory_gb=hint.base_memory_gb,
+                per_worker_gb=hint.per_worker_gb,
+                cores_per_process=hint.cores_per_process,
+                gpus=hint.gpus,
+                scratch_gb=hint.scratch_gb,
+            ),
+        )
+        try:
+            plan = plan_task(
+                _PlanTask(task_id),
+                _PlanType(description.type, description.split),
+                resources,
+                nodes,
+                workflow.mode_of(task_id, mode),
+                priority,
+                description.units if description.split else None,
+            )
+        except PlanError as exc:
+            raise FailedPrecondition(f"task {task_id}: {exc}") from exc
+        planned.append(PlannedTask(task_id, description, dict(description.settings or {}), resources, plan, key))
+    return planned
