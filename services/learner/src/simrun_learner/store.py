@@ -13,7 +13,7 @@ from simrun_learner.rules import Observation, ObservationKey
 
 
 class ObservationRow(SQLModel, table=True):
-    """An observation as stored; times are naive UTC, unit seconds a JSON list."""
+    """An observation as stored; times in UTC, unit seconds a JSON list."""
 
     __tablename__ = "observations"
     __table_args__ = (Index("ix_observations_key", "task_type", "model", "cost_value", "observed_at", "id"),)
@@ -55,7 +55,7 @@ class ObservationStore:
             succeeded=observation.succeeded,
             unit_seconds=json.dumps(list(observation.unit_seconds)),
             run_id=observation.run_id,
-            observed_at=observed_at.astimezone(UTC).replace(tzinfo=None),
+            observed_at=observed_at.astimezone(UTC),
         )
         with Session(self._engine) as session:
             session.add(row)
@@ -91,6 +91,6 @@ def _observation(row: ObservationRow) -> Observation:
         succeeded=row.succeeded,
         unit_seconds=tuple(json.loads(row.unit_seconds)),
         run_id=row.run_id,
-        observed_at=row.observed_at.replace(tzinfo=UTC),
+        observed_at=row.observed_at.astimezone(UTC) if row.observed_at.tzinfo else row.observed_at.replace(tzinfo=UTC),
         observation_id=str(row.id),
     )

@@ -1,0 +1,163 @@
+"""The learner's facade over its SQLite store, and observations from the worker reports of a finished task."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from simrun_core.errors import FailedPrecondition, InvalidArgument
+from simrun_core.resources import ResolutionRule, ResolvedResources
+from simrun_learner import Observation, ObservationKey, ResourceLearner, observations_from_reports
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.reports import UnitSeconds, WorkerEnd, WorkerReport
+
+KEY = ObservationKey("model.tasks:Fit", "pkmodel", "8")
+OTHER = ObservationKey("model.tasks:Fit", "pkmodel", "80")
+HINT = ResolvedResources(base_memory_gb=1, per_worker_gb=4)
+
+
+@pytest.fixture
+def learner(tmp_path: Path) -> ResourceLearner:
+    with ResourceLearner(StoreLayout(tmp_path).observations) as learner:
+        yield learner  # type: ignore[misc]
+
+
+def test_record_fills_in_id_and_time_and_persists(tmp_path: Path) -> None:
+    path = tmp_path / "store" / "observations.sqlite"
+    with ResourceLearner(path) as learner:
+        recorded = learner.record(Observation(KEY, 1.5, succeeded=True, unit_seconds=(2.0, 3.5), run_id="r1"))
+        assert recorded.observation_id and recorded.observed_at is not None
+        assert recorded.observed_at.tzinfo is UTC
+    with ResourceLearner(path) as again:
+        assert again.observations(KEY) == [recorded]
+        assert again.observations(OTHER) == []
+
+
+def test_observations_are_oldest_first_by_time(learner: ResourceLearner) -> None:
+    now = datetime.now(UTC)
+    learner.record(Observation(KEY, 2.0, run_id="late", observed_at=now))
+    learner.record(Observation(KEY, 1.0, run_id="early", observed_at=now - timedelta(hours=1)))
+    assert [o.run_id for o in learner.observations(KEY)] == ["early", "late"]
+
+
+def test_resolve_reads_only_its_key(learner: ResourceLearner) -> None:
+    assert learner.resolve(KEY, HINT).rule is ResolutionRule.HINT
+    learner.record(Observation(OTHER, 30.0, succeeded=True, run_id="r1"))
+    learner.record(Observation(KEY, 1.0, succeeded=True, run_id="r2", unit_seconds=(4.0,)))
+    resolved = learner.resolve(KEY, HINT)
+    assert (resolved.rule, resolved.per_worker_gb, resolved.unit_seconds) == (
+        ResolutionRule.PERCENTILE,
+        1127 / 1024,
+        4.0,
+    )  # 1.1 GiB, up to a MiB
+    learner.record(Observation(KEY, 1.0, oom_killed=True, oom_per_worker_gb=2.0, run_id="r3"))
+    assert learner.resolve(KEY, HINT).per_worker_gb == 3.0
+
+
+def test_record_refuses_a_bad_observation(learner: ResourceLearner) -> None:
+    with pytest.raises(InvalidArgument):
+        learner.record(Observation(ObservationKey("t", ""), 1.0))
+    with pytest.raises(InvalidArgument):
+        learner.record_all([Observation(KEY, 1.0), Observation(KEY, -1.0)])
+    assert learner.observations(KEY) == []
+
+
+def test_estimate(learner: ResourceLearner) -> None:
+    with pytest.raises(FailedPrecondition):
+        learner.estimate(KEY, 10, 1, 4)
+    learner.record(Observation(KEY, 1.0, unit_seconds=(1.0, 2.0, 9.0), run_id="r1"))
+    assert learner.estimate(KEY, 10, 1, 4).seconds == 6.0
+
+
+def test_list_observations_pages(learner: ResourceLearner) -> None:
+    learner.record_all(Observation(KEY, float(i), run_id=f"r{i}") for i in range(5))
+    first, token = learner.list_observations(KEY, 2)
+    second, token2 = learner.list_observations(KEY, 2, token)
+    third, end = learner.list_observations(KEY, 2, token2)
+    assert [o.per_worker_gb for o in first + second + third] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert end == ""
+    with pytest.raises(InvalidArgument):
+        learner.list_observations(OTHER, 2, token)
+
+
+def report(worker: str, started_ms: int, **kw: object) -> WorkerReport:
+    processes = kw.pop("processes", 4)
+    peak = kw.pop("peak_memory_gb", 8.0)
+    fields = {
+        "run_id": "run-1",
+        "task_id": "fit",
+        "worker": worker,
+        "role": "coordinator" if worker == "w0" else "extra",
+        "started_ms": started_ms,
+        "task_type": KEY.task_type,
+        "model": KEY.model,
+        "cost_value": KEY.cost_value,
+        "processes": processes,
+        "memory_source": "process_tree",
+        "peak_memory_gb": peak,
+        "per_process_gb": peak / processes if processes else 0.0,  # type: ignore[operator]
+        "memory_samples": 10,
+        "oom_kills": 0,
+        "ended": WorkerEnd.DONE,
+        "started_at": datetime(2026, 1, 1, tzinfo=UTC) + timedelta(milliseconds=started_ms),
+        **kw,
+    }
+    return WorkerReport.model_validate(fields)
+
+
+def test_observations_from_reports(tmp_path: Path) -> None:
+    task = StoreLayout(tmp_path).run("run-1").task("fit")
+    reports = [
+        report("w0", 1000, units=[UnitSeconds(unit=0, seconds=2.0), UnitSeconds(unit=2, seconds=3.0)]),
+        report("w1", 1100, peak_memory_gb=9.5, oom_kills=1, ended=WorkerEnd.FAILED),
+        report("w1", 5000, peak_memory_gb=10.0, units=[UnitSeconds(unit=1, seconds=4.0)]),
+        report("w2", 1200, peak_memory_gb=3.0, ended=WorkerEnd.RUNNING),  # gone without its last report: SIGKILL
+        report("w3", 1300, processes=2, peak_memory_gb=2.0, ended=WorkerEnd.STOPPED),
+        report("merge", 9000, role="merge", processes=1, peak_memory_gb=50.0),
+    ]
+    for r in reports:
+        r.write(task)
+    observations = observations_from_reports(task, KEY, True, "run-1", memory_gb=10, retry_memory_gb=14)
+    assert [(o.per_worker_gb, o.oom_killed, o.oom_per_worker_gb) for o in observations] == [
+        (2.0, False, None),
+        (2.375, True, 2.5),
+        (0.75, True, 2.5),
+        (1.0, False, None),
+        (2.5, False, None),
+    ]
+    assert [o.unit_seconds for o in observations] == [(2.0, 3.0), (), (), (), (4.0,)]
+    assert all(o.key == KEY and o.succeeded and o.run_id == "run-1" for o in observations)
+
+
+def test_a_retry_killed_again_has_the_retry_memory(tmp_path: Path) -> None:
+    task = StoreLayout(tmp_path).run("run-1").task("fit")
+    report("w1", 1, oom_kills=1, ended=WorkerEnd.FAILED).write(task)
+    report("w1", 2, oom_kills=1, ended=WorkerEnd.FAILED).write(task)
+    observations = observations_from_reports(task, KEY, False, "run-1", memory_gb=10, retry_memory_gb=14)
+    assert [o.oom_per_worker_gb for o in observations] == [2.5, 3.5]
+    assert not any(o.succeeded for o in observations)
+
+
+def test_without_the_plans_memory_a_kill_takes_its_measured_peak(tmp_path: Path) -> None:
+    task = StoreLayout(tmp_path).run("run-1").task("fit")
+    report("w0", 1, peak_memory_gb=9.0, oom_kills=2, ended=WorkerEnd.FAILED).write(task)
+    report("w1", 2, peak_memory_gb=0.0, ended=WorkerEnd.RUNNING).write(task)
+    observations = observations_from_reports(task, KEY, False, "run-1")
+    assert [(o.per_worker_gb, o.oom_killed, o.oom_per_worker_gb) for o in observations] == [
+        (2.25, True, 2.25),
+        (None, False, None),
+    ]
+
+
+def test_no_reports_no_observations(tmp_path: Path, learner: ResourceLearner) -> None:
+    task = StoreLayout(tmp_path).run("run-1").task("fit")
+    assert observations_from_reports(task, KEY, True, "run-1") == []
+
+
+def test_reports_feed_the_learner(tmp_path: Path, learner: ResourceLearner) -> None:
+    task = StoreLayout(tmp_path).run("run-1").task("fit")
+    report("w0", 1, peak_memory_gb=8.0, oom_kills=1, ended=WorkerEnd.FAILED).write(task)
+    learner.record_all(observations_from_reports(task, KEY, True, "run-1", memory_gb=10, retry_memory_gb=14))
+    resolved = learner.resolve(KEY, HINT)
+    assert (resolved.rule, resolved.per_worker_gb) == (ResolutionRule.OOM_FLOOR, 3.75)
