@@ -15,7 +15,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from simrun_runtime.layout import RunLayout, TaskLayout
 from simrun_runtime.reports import WorkerReport, load_reports
 from simrun_runtime.rundir import lay_out_run

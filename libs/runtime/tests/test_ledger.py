@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from simrun_runtime import ledger as ledger_module
 from simrun_runtime.layout import TaskLayout
 from simrun_runtime.ledger import Ledger, LedgerError, create_ledger, worker_offset

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from simrun_runtime import (
     ResourceHint,
     SettingsError,

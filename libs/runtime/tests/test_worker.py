@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import pytest
-
 from simrun_runtime.ledger import Ledger, create_ledger
 from simrun_runtime.reports import WorkerEnd
 

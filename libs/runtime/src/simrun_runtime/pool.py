@@ -117,7 +117,9 @@ class UnitPool:
     def submit(self, index: int) -> None:
         member = min(self.members, key=lambda m: len(m.units))
         member.units.append(index)
-        member.conn.send(index)
+        # A process that died is found by `wait` through its sentinel, which reports its units.
+        with contextlib.suppress(OSError):
+            member.conn.send(index)
 
     def wait(self, timeout: float, also: list[Any]) -> list[UnitResult | ProcessDied]:
         """Finished units and dead processes, waiting up to `timeout` seconds or until one of `also` is ready."""
@@ -126,16 +128,19 @@ class UnitPool:
         ready = set(multiprocessing.connection.wait(waitables, timeout=timeout))
         events: list[UnitResult | ProcessDied] = []
         for member in busy:
-            while member.units and member.conn.poll():
-                try:
+            broken = False
+            try:
+                while member.units and member.conn.poll():
                     result: UnitResult = member.conn.recv()
-                except EOFError:
-                    break
-                member.units.remove(result.index)
-                events.append(result)
-            if member.units and member.process.sentinel in ready and not member.process.is_alive():
-                events.append(ProcessDied(list(member.units), member.process.exitcode))
-                member.units.clear()
+                    member.units.remove(result.index)
+                    events.append(result)
+            except (EOFError, OSError):
+                broken = True
+            if member.units and (broken or member.process.sentinel in ready):
+                member.process.join(timeout=1.0)
+                if not member.process.is_alive():
+                    events.append(ProcessDied(list(member.units), member.process.exitcode))
+                    member.units.clear()
         return events
 
     def close(self) -> None:

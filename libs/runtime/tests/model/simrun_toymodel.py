@@ -7,10 +7,9 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from simrun_runtime import (
     ExecContext,
     MergeContext,
@@ -129,7 +128,7 @@ class Shell(UnsplitTaskType):
 
     Settings = ShellSettings
     outputs = ("result-files",)
-    command = [sys.executable, "-c", SHELL_SCRIPT]
+    command: ClassVar[list[str]] = [sys.executable, "-c", SHELL_SCRIPT]
 
 
 class LooseSettings(BaseModel):
