@@ -122,3 +122,9 @@ def test_fractions_of_gib_add_up_without_rounding_errors() -> None:
     nodes = [Slot("a", 3, 0.3)]
     pending = [waiting(f"p{i}", BASE, i, memory_gb=0.1) for i in range(3)]
     assert len(decide(nodes, [], pending).admit) == 3
+
+
+def test_a_run_uses_its_reserved_node_before_free_ones() -> None:
+    nodes = [Slot("a", 1, 8), Slot("b", 1, 8, reserved_by="r1")]
+    decisions = decide(nodes, [], [waiting("p", BASE, 1, run_id="r1"), waiting("q", BASE, 2, run_id="r1")])
+    assert decisions.admit == [("p", "b"), ("q", "a")]

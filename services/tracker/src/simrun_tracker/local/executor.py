@@ -271,11 +271,10 @@ class LocalExecutor:
                 self._terminate(self._pods[victim], "preempted")
         for pod_id in decisions.unschedulable:
             pod = self._pods[pod_id]
-            self._final(
-                pod,
-                PodPhase.FAILED,
-                f"needs {gib(pod.spec.cores)} cores and {gib(pod.status.memory_gb)} GiB; no node has that much",
-            )
+            need = f"needs {gib(pod.spec.cores)} cores and {gib(pod.status.memory_gb)} GiB"
+            if pod.status.memory_kills:
+                need = f"the retry after a kill for memory {need}"
+            self._final(pod, PodPhase.FAILED, f"{need}; no node has that much")
         for pod_id, node in decisions.admit:
             self._launch(self._pods[pod_id], node)
 
@@ -303,7 +302,7 @@ class LocalExecutor:
                 log.write(
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
                     f"memory limit {gib(status.memory_gb)} GiB ({gib(status.memory_gb / max(spec.processes, 1))} "
-                    f"GiB per process, {limit_by}), {spec.cores} cores, {_now()} ===\n".encode()
+                    f"GiB per process, {limit_by}), cores {spec.cores}, {_now()} ===\n".encode()
                 )
                 log.flush()
                 pod.process = subprocess.Popen(
@@ -339,7 +338,7 @@ class LocalExecutor:
         evidence = None
         if pod.watchdog_bytes is not None:
             evidence = "watchdog"
-        elif pod.cgroup is not None and pod.cgroup.oom_kills() > 0:
+        elif pod.cgroup is not None and pod.cgroup.killed_for_memory(sigkilled=code in _SIGKILL_EXITS):
             evidence = "cgroup"
         # Whatever the pod left behind dies with it: its process group, then its cgroup.
         _signal_group(pod.process.pid, signal.SIGKILL)

@@ -46,15 +46,32 @@ class PodCgroup:
         except (OSError, ValueError):
             return []
 
-    def oom_kills(self) -> int:
-        """Processes the kernel's OOM killer killed in this cgroup."""
+    def oom_kills(self) -> int | None:
+        """Processes the kernel's OOM killer killed in this cgroup; None where the kernel does not count them."""
         name = "memory.oom_control" if self.version == 1 else "memory.events"
         try:
             text = (self.path / name).read_text()
         except OSError:
-            return 0
+            return None
         match = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
-        return int(match.group(1)) if match else 0
+        return int(match.group(1)) if match else None
+
+    def killed_for_memory(self, sigkilled: bool) -> bool:
+        """The kernel killed a process of the cgroup for memory.
+
+        Args:
+            sigkilled: the pod ended by SIGKILL; where the kernel counts no OOM kills (v1 before 4.13), that and
+                the cgroup having hit its limit (`memory.failcnt`) are the evidence.
+        """
+        kills = self.oom_kills()
+        if kills is not None:
+            return kills > 0
+        if not sigkilled or self.version != 1:
+            return False
+        try:
+            return int((self.path / "memory.failcnt").read_text()) > 0
+        except (OSError, ValueError):
+            return False
 
     def peak_bytes(self) -> int | None:
         """The largest memory use of the cgroup, bytes, where the kernel records it."""
@@ -113,6 +130,9 @@ class CgroupPool:
                 (path / "memory.max").write_text(str(limit_bytes))
                 if (path / "memory.swap.max").exists():
                     (path / "memory.swap.max").write_text("0")
+                # As the kubelet does on cgroup v2: an OOM kill takes the whole pod, not one process of it.
+                if (path / "memory.oom.group").exists():
+                    (path / "memory.oom.group").write_text("1")
         except OSError:
             cgroup.remove()
             raise
