@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -438,3 +439,26 @@ def test_config_lists_nodes_or_defaults_to_this_machine() -> None:
     with LocalExecutor.from_config(config) as executor:
         assert [n.name for n in executor.nodes()] == ["a", "b"]
         assert executor.cgroup_version is None
+
+
+@pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups on this machine")
+def test_the_cgroups_and_pods_of_a_dead_executor_are_removed_at_start(make_executor) -> None:
+    root = detect_cgroup_root()
+    assert root is not None
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = root / "simrun" / f"{dead.pid}-0badcafe"
+    (stale / "pod.1").mkdir(parents=True)
+    enter = 'echo $$ > "$0" && exec sleep 60'
+    orphan = subprocess.Popen(["/bin/sh", "-c", enter, str(stale / "pod.1" / "cgroup.procs")], start_new_session=True)
+    try:
+        wait_for(lambda: (stale / "pod.1" / "cgroup.procs").read_text().split() == [str(orphan.pid)])
+        make_executor(cgroup_root="auto")
+        assert orphan.wait(timeout=5) == -9
+        assert not stale.exists()
+    finally:
+        orphan.kill()
+        orphan.wait()
+        if stale.exists():
+            (stale / "pod.1").rmdir()
+            stale.rmdir()

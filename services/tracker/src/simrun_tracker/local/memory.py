@@ -108,6 +108,7 @@ class CgroupPool:
         self.version = 2 if (root / "cgroup.controllers").exists() else 1
         self.parent = root / "simrun" / executor_id
         self.parent.mkdir(parents=True, exist_ok=True)
+        self._remove_stale()
         if self.version == 2:
             # cgroup v2 hands a controller down only where every ancestor enables it for its children.
             for directory in (root, root / "simrun", self.parent):
@@ -115,6 +116,19 @@ class CgroupPool:
         limit_file = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
         if not (self.parent / limit_file).exists():
             raise OSError(f"{self.parent} has no {limit_file}: the memory controller is not available there")
+
+    def _remove_stale(self) -> None:
+        """Removes the cgroups of executors whose process has died (a server that crashed), with their pods."""
+        for other in (self.root / "simrun").iterdir():
+            match = re.fullmatch(r"(\d+)-[0-9a-f]+", other.name)
+            if other == self.parent or not match or not other.is_dir() or _alive(int(match.group(1))):
+                continue
+            logger.warning("removing the cgroups of a dead executor, and the pods left in them: %s", other)
+            for child in other.iterdir():
+                if child.is_dir():
+                    PodCgroup(child, self.version).remove()
+            with contextlib.suppress(OSError):
+                other.rmdir()
 
     def create(self, name: str, limit_bytes: int) -> PodCgroup:
         """A new cgroup for one attempt of a pod, with `limit_bytes` as its hard memory limit and no swap."""
@@ -159,6 +173,16 @@ def open_cgroups(root: Path | None, executor_id: str) -> CgroupPool | None:
     except OSError as exc:
         logger.warning("no memory cgroups under %s (%s): limits are enforced by the watchdog", root, exc)
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def anon_memory_by_group(pgids: Iterable[int], proc: Path = Path("/proc")) -> dict[int, int]:
