@@ -3,19 +3,75 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from simrun.v1 import common_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, git_toplevel, run_state
+from simrun_core.config import ServerConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated, Unavailable
+from simrun_gateway.embedded import EmbeddedServer, start_embedded
 
-if TYPE_CHECKING:
-    from conftest import Served
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "montecarlo"
+SLOW_WORKFLOW = """\
+name: slow
+tasks:
+  estimate:
+    type: montecarlo.tasks:EstimatePi
+    settings: {units: 400, samples_per_unit: 20000000}
+"""
+
+
+def copy_example(dest: Path) -> Path:
+    """The montecarlo example as its own git repository (one commit), plus `slow.yaml` to cancel."""
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__", "tests", ".venv", ".pytest_cache"))
+    (dest / "slow.yaml").write_text(SLOW_WORKFLOW)
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "montecarlo"]):
+        subprocess.run(
+            ["git", "-c", "user.name=simrun test", "-c", "user.email=test@simrun.invalid", *args],
+            cwd=dest,
+            check=True,
+            capture_output=True,
+        )
+    return dest
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running embedded simrun: where it listens, the owner's token, its store."""
+
+    embedded: EmbeddedServer
+    store: Path
+
+    @property
+    def endpoint(self) -> str:
+        return self.embedded.address
+
+    @property
+    def token(self) -> str:
+        return self.embedded.token
+
+
+@pytest.fixture(scope="module")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_example(tmp_path_factory.mktemp("model") / "montecarlo")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    home = tmp_path_factory.mktemp("home")
+    config = ServerConfig(home=home, store=home / "store", address="127.0.0.1:0", grace_s=2)
+    embedded = start_embedded(config)
+    try:
+        yield Served(embedded, config.store)
+    finally:
+        embedded.stop()
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +140,8 @@ def test_estimate_plans_each_task(client: Client, model_repo: Path) -> None:
     assert result.tasks[0].plan.units == 16 and result.tasks[0].plan.pods == 1
 
 
-def test_nodes_are_the_configured_ones(client: Client) -> None:
-    assert [(node.name, node.cores) for node in client.nodes()] == [("node-1", 4)]
+def test_nodes_are_this_machine_by_default(client: Client) -> None:
+    assert [(node.cores, node.reserved_by) for node in client.nodes()] == [(os.cpu_count(), "")]
 
 
 def test_an_unknown_setting_is_refused_by_name(client: Client, model_repo: Path, tmp_path: Path) -> None:

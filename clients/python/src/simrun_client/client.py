@@ -12,12 +12,12 @@ import grpc
 from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
 from simrun_core.config import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
-from simrun_core.rpc.auth import bearer_metadata
 from simrun_core.rpc.errors import to_domain_error
 from simrun_core.workflow import parse_workflow
+from simrun_snapshot.convert import snapshot_to_proto
 
 from simrun_client.channel import open_channel
-from simrun_client.snapshots import snapshot_to_store, upload_snapshot
+from simrun_client.snapshots import SnapshotResult, snapshot_to_store, upload_snapshot
 
 T = TypeVar("T")
 
@@ -85,7 +85,7 @@ class Client:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         self.token = client_token(token)
         self.timeout_s = timeout_s
-        self._metadata = bearer_metadata(self.token)
+        # The channel sends the token as `authorization: Bearer …` on every call, uploads included.
         self._channel = open_channel(self.endpoint, self.token)
         self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
@@ -110,11 +110,13 @@ class Client:
         """Who the token belongs to and at which priority its runs go."""
         return self._call(self._gateway.GetIdentity, gateway_pb2.GetIdentityRequest()).identity
 
-    def snapshot(self, tree: str | Path, *, name: str | None = None, store: str | Path | None = None) -> Any:
-        """Snapshots a git working tree: into `store` when it is mounted here, else by uploading it.
+    def snapshot(self, tree: str | Path, *, name: str | None = None, store: str | Path | None = None) -> SnapshotResult:
+        """Snapshots a git working tree: into `store` when it is mounted here, else by uploading what simrun lacks.
 
-        Returns:
-            The `Snapshot` message, its `path` relative to the store root.
+        Args:
+            tree: the working tree (its top level or a folder in it).
+            name: the source name; the tree's folder name by default.
+            store: the root of the run store, when it is mounted on this machine.
         """
         tree = Path(tree)
         if not tree.is_dir():
@@ -123,8 +125,8 @@ class Client:
             if store is not None:
                 return snapshot_to_store(tree, Path(store), name=name)
             return upload_snapshot(tree, self._channel, name=name)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
+        except SimrunError as exc:
+            raise self._explain(exc) from None
 
     def submit(
         self,
@@ -218,12 +220,13 @@ class Client:
     def wait(self, run_id: str) -> common_pb2.Run:
         """Blocks until the run ends and returns it."""
         run: common_pb2.Run | None = None
+        # Read the stream to its end (the server ends it once the run ends) rather than leaving it early.
         for update in self.watch(run_id):
             run = update.run
-            if run.state in FINAL_RUN_STATES:
-                return run
-        # The stream ended without a final state (e.g. the server stopped): say what the run is now.
-        return self.get_run(run_id) if run is None or run.state not in FINAL_RUN_STATES else run
+        if run is None or run.state not in FINAL_RUN_STATES:
+            # The stream ended without a final state (e.g. the server stopped): say what the run is now.
+            return self.get_run(run_id)
+        return run
 
     def logs(
         self, run_id: str, task_id: str, worker: str | None = None, follow: bool = False
@@ -261,26 +264,26 @@ class Client:
             raise InvalidArgument(f"cannot read the workflow {path}: not UTF-8 text") from None
         parse_workflow(text, source=str(path))
         root = Path(model) if model is not None else git_toplevel(path.resolve())
-        return text, [self.snapshot(root, store=store)]
+        return text, [snapshot_to_proto(self.snapshot(root, store=store).snapshot)]
 
     def _call(self, method: Callable[..., T], request: Any) -> T:
         try:
-            return method(request, metadata=self._metadata, timeout=self.timeout_s)
+            return method(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
-            raise self._error(exc) from None
+            raise self._explain(to_domain_error(exc)) from None
 
     def _stream(self, method: Callable[..., Any], request: Any) -> Iterator[Any]:
-        call = method(request, metadata=self._metadata)
+        call = method(request)
         try:
             yield from call
         except grpc.RpcError as exc:
-            raise self._error(exc) from None
+            raise self._explain(to_domain_error(exc)) from None
         finally:
             # A consumer that stops early must not leave the stream open on the server.
             call.cancel()
 
-    def _error(self, exc: grpc.RpcError) -> SimrunError:
-        error = to_domain_error(exc)
+    def _explain(self, error: SimrunError) -> SimrunError:
+        """The error, said so that it tells what to fix where the server's words would not."""
         message = str(error)
         if isinstance(error, Unavailable) and any(m in message.lower() for m in _UNREACHABLE_MARKERS):
             return Unavailable(f"cannot reach simrun at {self.endpoint}: start it with `simrun server`")
