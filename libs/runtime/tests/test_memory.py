@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from simrun_runtime.memory import MemoryProbe, own_cgroup, process_tree_anon
 from simrun_runtime.reports import WorkerEnd
 

@@ -167,10 +167,13 @@ class Worker:
                 self.stopper.sleep(0.5)
                 exhausted = False
                 continue
+            failure: tuple[list[int], str, int] | None = None
+            # Every unit finished in this batch is marked done before a failure ends the worker.
             for event in pool.wait(timeout=1.0, also=[self.stopper]):
                 if isinstance(event, UnitResult):
                     if event.error is not None:
-                        return self._fail(ledger, pool, list(taken_back), [event.index], event.error, EXIT_FAILED)
+                        failure = failure or ([event.index], event.error, EXIT_FAILED)
+                        continue
                     if ledger.mark_done(event.index, worker):
                         progress.append(event.index, worker, event.seconds, time.time())
                     if event.seconds is not None:
@@ -183,7 +186,9 @@ class Worker:
                     elif code in (EXIT_DONE, EXIT_STOPPED):
                         code = EXIT_FAILED
                     message = f"a worker process died (exit code {event.exitcode}) computing units {event.units}"
-                    return self._fail(ledger, pool, list(taken_back), event.units, message, code)
+                    failure = failure or (event.units, message, code)
+            if failure is not None:
+                return self._fail(ledger, pool, list(taken_back), *failure)
             self.keeper.write_every(REPORT_EVERY_S)
 
     def _give_back(self, ledger: Ledger, pool: UnitPool, also: list[int]) -> list[int]:
