@@ -340,6 +340,11 @@ class LocalExecutor:
             evidence = "watchdog"
         elif pod.cgroup is not None and pod.cgroup.killed_for_memory(sigkilled=code in _SIGKILL_EXITS):
             evidence = "cgroup"
+        seen = ""
+        if evidence == "watchdog" and pod.watchdog_bytes:
+            seen = f", {gib(pod.watchdog_bytes / GIB)} GiB of anonymous memory sampled"
+        elif evidence == "cgroup" and pod.cgroup is not None and (peak := pod.cgroup.peak_bytes()):
+            seen = f", peak {gib(peak / GIB)} GiB"
         # Whatever the pod left behind dies with it: its process group, then its cgroup.
         _signal_group(pod.process.pid, signal.SIGKILL)
         if pod.cgroup is not None:
@@ -347,7 +352,7 @@ class LocalExecutor:
         pod.process = None
         pod.cgroup = None
         stopping, pod.stopping, pod.kill_at = pod.stopping, None, None
-        watchdog_bytes, pod.watchdog_bytes = pod.watchdog_bytes, None
+        pod.watchdog_bytes = None
 
         if code == 0:
             self._final(pod, PodPhase.SUCCEEDED, "", code)
@@ -356,7 +361,6 @@ class LocalExecutor:
         elif evidence is not None or (code in _SIGKILL_EXITS and stopping is None):
             kill = MemoryKill(status.memory_gb, status.memory_gb / max(pod.spec.processes, 1), evidence or "sigkill")
             status.memory_kills.append(kill)
-            seen = f", {gib(watchdog_bytes / GIB)} GiB of anonymous memory" if watchdog_bytes else ""
             if len(status.memory_kills) == 1:
                 self._requeue(
                     pod,
