@@ -1,0 +1,48 @@
+"""End to end: a server stopped in the middle of a run is started again and the run ends as it would have."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from e2e_support import expected_total, wait_final, write_workflow
+from simrun.v1 import common_pb2
+from simrun_runtime.layout import StoreLayout
+
+
+def test_a_restarted_server_continues_the_run_from_its_ledger(start_server, client_for, e2e_model, tmp_path):
+    home = tmp_path / "restart-home"
+    workflow = write_workflow(
+        e2e_model,
+        """
+name: long
+tasks:
+  values:
+    type: e2etasks.tasks:Slow
+    settings: {units: 30, seconds: 0.2, seed: 4}
+  total:
+    type: e2etasks.tasks:Sum
+    inputs: {values: values.values}
+""",
+    )
+    first = start_server(home=home)
+    client = client_for(first)
+    run_id = client.submit(workflow).run_id
+    deadline = time.monotonic() + 30
+    while client.get_run(run_id).tasks[0].units_done < 6:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first.stop()
+    task = StoreLayout(home / "store").run(run_id).task("values")
+    done_before = {p.name for p in task.units.done.iterdir()}
+    assert 6 <= len(done_before) < 30
+
+    second = start_server(home=home)
+    client = client_for(second)
+    assert client.get_run(run_id).state == common_pb2.RUN_STATE_RUNNING  # from the rebuilt index and records
+    final = wait_final(client, run_id)
+    assert final.state == common_pb2.RUN_STATE_SUCCEEDED, final.message
+    assert json.loads(task.summary.read_text())["total"] == expected_total(4, 30)
+    progress_units = [json.loads(line)["unit"] for line in task.progress.read_text().splitlines()]
+    assert set(progress_units) == set(range(30))
+    assert len(progress_units) < 30 + 6  # what was done before the stop was not computed again (beyond in-flight)
