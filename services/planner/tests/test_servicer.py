@@ -87,6 +87,12 @@ def test_plan_with_learned_unit_seconds_and_pod_start(stub: planner_pb2_grpc.Pla
     assert stub.PlanTask(request).plan.pods == 4
 
 
+def test_unset_cores_per_process_are_one(stub: planner_pb2_grpc.PlannerServiceStub) -> None:
+    unset = common_pb2.ResolvedResources(base_memory_gb=2, per_worker_gb=4)
+    response = stub.ShapePod(planner_pb2.ShapePodRequest(resources=unset, nodes=small_nodes(1)))
+    assert (response.shape.processes, response.shape.cores) == (15, 15)
+
+
 def test_plan_unsplit_task_leaves_units_absent(stub: planner_pb2_grpc.PlannerServiceStub) -> None:
     request = planner_pb2.PlanTaskRequest(
         task_id="sim", task_type="t", resources=resources(), nodes=small_nodes(2), priority=common_pb2.PRIORITY_OWNER

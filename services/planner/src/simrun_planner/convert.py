@@ -37,11 +37,11 @@ class TaskRef:
 
 
 def resources_from_proto(message: common_pb2.ResolvedResources) -> ResolvedResources:
-    """The domain resources of a message; an unset rule is the hint's."""
+    """The domain resources of a message; unset cores per process are 1, an unset rule is the hint's."""
     return ResolvedResources(
         base_memory_gb=message.base_memory_gb,
         per_worker_gb=message.per_worker_gb,
-        cores_per_process=message.cores_per_process,
+        cores_per_process=message.cores_per_process or 1,
         gpus=message.gpus,
         scratch_gb=message.scratch_gb,
         unit_seconds=message.unit_seconds if message.HasField("unit_seconds") else None,
