@@ -86,7 +86,7 @@ def _run(case: Case) -> tuple[ClusterSimulator, list[SimulationObservation]]:
     return simulator, seen
 
 
-PROPERTY_SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTY_SETTINGS

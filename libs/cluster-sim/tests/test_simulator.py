@@ -269,3 +269,27 @@ def test_core_does_not_import_the_adapters() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("blocked", "code"),
+    [
+        (
+            ("gymnasium", "pettingzoo", "matplotlib"),
+            "import cluster_sim, cluster_sim.alibaba, cluster_sim.plot, cluster_sim.envs",
+        ),
+        (("pettingzoo",), "from cluster_sim.envs import ClusterEnv; ClusterEnv"),
+    ],
+)
+def test_optional_extras_are_optional(blocked: tuple[str, ...], code: str) -> None:
+    # A None entry in sys.modules makes any import of that package fail, as if it were not installed.
+    prelude = "import sys; " + "; ".join(f"sys.modules[{name!r}] = None" for name in blocked) + "; "
+    result = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    missing = subprocess.run(
+        [sys.executable, "-c", prelude + "from cluster_sim.envs import ClusterParallelEnv"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode != 0 and "pettingzoo" in missing.stderr
