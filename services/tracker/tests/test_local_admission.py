@@ -124,7 +124,8 @@ def test_fractions_of_gib_add_up_without_rounding_errors() -> None:
     assert len(decide(nodes, [], pending).admit) == 3
 
 
-def test_a_run_uses_its_reserved_node_before_free_ones() -> None:
+def test_a_run_that_reserves_a_node_selects_it_and_other_runs_avoid_it() -> None:
     nodes = [Slot("a", 1, 8), Slot("b", 1, 8, reserved_by="r1")]
-    decisions = decide(nodes, [], [waiting("p", BASE, 1, run_id="r1"), waiting("q", BASE, 2, run_id="r1")])
-    assert decisions.admit == [("p", "b"), ("q", "a")]
+    pending = [waiting("p", BASE, 1, run_id="r1"), waiting("q", BASE, 2, run_id="r1"), waiting("o", BASE, 3)]
+    decisions = decide(nodes, [], pending)
+    assert decisions.admit == [("p", "b"), ("o", "a")]  # q waits for the reserved node, not the free one

@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from simrun_core.config import ServerConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_planner import Node
 from simrun_tracker.executor import PodPhase, PodSpec, PodStatus
-from simrun_tracker.local import LocalExecutor, LocalExecutorConfig, default_nodes
+from simrun_tracker.local import LocalExecutor, configured_nodes, default_nodes
 from simrun_tracker.local.memory import detect_cgroup_root
 
 # A pod that counts its starts, waits for its go file, and exits with its code (143 on SIGTERM).
@@ -419,20 +420,20 @@ def test_sigkill_without_evidence_counts_as_a_kill_for_memory(make_executor, pod
 
 
 def test_config_lists_nodes_or_defaults_to_this_machine() -> None:
-    config = LocalExecutorConfig.model_validate(
+    config = ServerConfig.model_validate(
         {
             "nodes": [{"name": "a", "cores": 2, "memory_gb": 4}, {"name": "b", "cores": 1, "memory_gb": 0.5}],
             "cgroup_root": None,
         }
     )
-    assert [(n.name, n.cores, n.memory_gb, n.allocatable_cores) for n in config.node_list() or []] == [
+    assert [(n.name, n.cores, n.memory_gb, n.allocatable_cores) for n in configured_nodes(config.nodes) or []] == [
         ("a", 2, 4.0, 2.0),
         ("b", 1, 0.5, 1.0),
     ]
-    assert LocalExecutorConfig().cgroup_root == "auto"
-    assert LocalExecutorConfig().node_list() is None
+    assert ServerConfig().cgroup_root == "auto"
+    assert configured_nodes(ServerConfig().nodes) is None
     with pytest.raises(ValueError, match="unique"):
-        LocalExecutorConfig.model_validate({"nodes": [{"name": "a", "cores": 1, "memory_gb": 1}] * 2})
+        ServerConfig.model_validate({"nodes": [{"name": "a", "cores": 1, "memory_gb": 1}] * 2})
     (machine,) = default_nodes()
     assert machine.cores >= 1
     assert 0 < machine.memory_gb == int(machine.memory_gb) or machine.memory_gb == 0.5

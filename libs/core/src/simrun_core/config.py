@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from simrun_core.errors import InvalidArgument
 from simrun_core.validation import first_error
@@ -25,10 +26,10 @@ class NodeConfig(BaseModel):
     """A node of the local executor: a share of this machine."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1)
-    cores: int = Field(gt=0)
-    memory_gb: float = Field(gt=0, description="GiB")
-    gpus: int = Field(default=0, ge=0)
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="The node's name.")
+    cores: int = Field(ge=1, description="Cores, whole.")
+    memory_gb: float = Field(gt=0, description="Memory, GiB.")
+    gpus: int = Field(default=0, ge=0, description="GPUs.")
 
 
 class ServiceAddresses(BaseModel):
@@ -50,9 +51,22 @@ class ServerConfig(BaseModel):
     address: str = f"127.0.0.1:{DEFAULT_PORT}"
     tokens_file: Path | None = Field(default=None, description="None: the home's tokens.yaml, made if missing.")
     nodes: list[NodeConfig] | None = Field(default=None, description="None: one node with this machine's size.")
+    cgroup_root: Literal["auto"] | Path | None = Field(
+        default="auto", description="Where pod memory cgroups go: auto-detected, a mount, or null (watchdog only)."
+    )
+    poll_s: float = Field(default=0.1, gt=0, description="Seconds between two passes of the local scheduler.")
     services: ServiceAddresses = Field(default_factory=ServiceAddresses)
     grace_s: float = Field(default=10.0, gt=0, description="Seconds a stopped pod has before SIGKILL.")
     merge_wait_s: float = Field(default=120.0, ge=0, description="Seconds to await the merge marker.")
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique_names(cls, nodes: list[NodeConfig] | None) -> list[NodeConfig] | None:
+        names = [n.name for n in nodes or []]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"node names must be unique: {', '.join(duplicates)}")
+        return nodes
 
     @classmethod
     def load(cls, path: Path) -> ServerConfig:

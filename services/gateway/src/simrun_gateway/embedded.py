@@ -25,7 +25,7 @@ from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.servicer import ResourceLearnerService
-from simrun_planner import Node, PlanError
+from simrun_planner import PlanError
 from simrun_planner.servicer import PlannerService
 from simrun_runtime.layout import StoreLayout
 from simrun_snapshot.server import register as register_snapshots
@@ -110,8 +110,7 @@ def start_embedded(config: ServerConfig) -> EmbeddedServer:
         registrations.append(register_snapshots(store.root))
     if "tracker" not in remote:
         assert learner is not None
-        nodes = [Node(name=n.name, cores=n.cores, memory_gb=n.memory_gb, gpus=n.gpus) for n in config.nodes or []]
-        executor = LocalExecutor(nodes=nodes or None)
+        executor = LocalExecutor.from_config(config)
         tracker = RunTracker(
             store,
             executor,

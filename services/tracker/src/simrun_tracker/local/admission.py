@@ -81,8 +81,8 @@ def queue_order(pod: Waiting) -> tuple[int, int]:
 def decide(nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[Waiting]) -> Decisions:
     """One admission pass over the pending pods in queue order.
 
-    A pod starts on the first node that admits its run and has its cores and memory free: its run's reserved nodes
-    first, then the others, each in the configured order.
+    A pod starts on the first node that admits its run and has its cores and memory free, in the configured order;
+    a run that reserves nodes selects them only, as its pods select the reservation's label on a cluster.
     A pod that fits nowhere looks for a node where stopping running pods of strictly lower priority (lowest first,
     newest first) frees enough; it claims that node, and no pod behind it in the queue is placed on it or preempts
     there while it waits, so lower priorities cannot starve it. Pods stopping already count as freed, so a need is
@@ -109,11 +109,9 @@ def decide(nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[W
         if not any(_fits(pod, n.cores, n.memory_gb) for n in nodes):
             decisions.unschedulable.append(pod.pod_id)
             continue
-        # A run's own reserved nodes first: a reservation is there for the run's pods (a benchmark's, say).
-        eligible = sorted(
-            (n for n in nodes if n.admits(pod.run_id) and n.name not in blocked),
-            key=lambda n: n.reserved_by is None,
-        )
+        # A run that reserves nodes selects them, as its pods select the node's reservation label on a cluster.
+        reserved = [n for n in nodes if n.reserved_by == pod.run_id]
+        eligible = [n for n in (reserved or nodes) if n.admits(pod.run_id) and n.name not in blocked]
         target = next((n for n in eligible if _fits(pod, *free[n.name])), None)
         if target is not None:
             free[target.name][0] -= pod.cores

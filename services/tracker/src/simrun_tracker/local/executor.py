@@ -17,13 +17,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
+from simrun_core.config import ServerConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_core.identity import priority_value
 from simrun_planner import Node
 
 from simrun_tracker.executor import MemoryKill, PodPhase, PodSpec, PodStatus
 from simrun_tracker.local.admission import Placed, Slot, Waiting, decide
-from simrun_tracker.local.config import LocalExecutorConfig, default_nodes
+from simrun_tracker.local.config import configured_nodes, default_nodes
 from simrun_tracker.local.memory import (
     GIB,
     CgroupPool,
@@ -113,8 +114,9 @@ class LocalExecutor:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: LocalExecutorConfig) -> LocalExecutor:
-        return cls(nodes=config.node_list(), cgroup_root=config.cgroup_root, poll_s=config.poll_s)
+    def from_config(cls, config: ServerConfig) -> LocalExecutor:
+        """The executor a server config describes: its nodes (or this machine), cgroup root and poll interval."""
+        return cls(nodes=configured_nodes(config.nodes), cgroup_root=config.cgroup_root, poll_s=config.poll_s)
 
     @property
     def cgroup_version(self) -> int | None:
