@@ -210,7 +210,7 @@ def test_a_wrong_token_is_unauthenticated(server: Served) -> None:
 def test_no_token_says_where_one_comes_from(server: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SIMRUN_TOKEN", raising=False)
     monkeypatch.setenv("SIMRUN_HOME", str(tmp_path))
-    with Client(server.endpoint) as client, pytest.raises(Unauthenticated, match="SIMRUN_TOKEN"):
+    with Client(server.endpoint) as client, pytest.raises(Unauthenticated, match="where `simrun server` writes one"):
         client.identity()
 
 

@@ -288,10 +288,7 @@ class Client:
         if isinstance(error, Unavailable) and any(m in message.lower() for m in _UNREACHABLE_MARKERS):
             return Unavailable(f"cannot reach simrun at {self.endpoint}: start it with `simrun server`")
         if isinstance(error, Unauthenticated) and not self.token:
-            return Unauthenticated(
-                f"{message}: no token given; pass one, set SIMRUN_TOKEN or start `simrun server`, "
-                f"which writes {simrun_home() / 'token'}"
-            )
+            return Unauthenticated(f"{message} (none in {simrun_home() / 'token'}, where `simrun server` writes one)")
         return error
 
 

@@ -1,0 +1,261 @@
+"""The `simrun` command: submit, follow, list, compare and cancel runs; serve simrun on this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from simrun.v1 import common_pb2, tracker_pb2
+from simrun_client.client import FINAL_RUN_STATES, Client
+from simrun_core.errors import SimrunError
+
+from simrun_cli import render
+from simrun_cli.options import json_option, with_client
+from simrun_cli.server import server
+
+_RUN_STATES = [name.removeprefix("RUN_STATE_").lower() for name in common_pb2.RunState.keys()[1:]]
+
+
+class SimrunGroup(click.Group):
+    """The command group; a typed simrun error becomes one line saying what to fix (exit 1), never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SimrunError as exc:
+            raise click.ClickException(" ".join(str(exc).split()) or type(exc).__name__) from None
+
+
+@click.group(cls=SimrunGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="simrun-cli", prog_name="simrun")
+def cli() -> None:
+    """Run simulation workflows from your git working tree: on this machine or on a cluster."""
+
+
+cli.add_command(server)
+
+workflow_argument = click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+model_option = click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The model's working tree; default: the git working tree that holds the workflow.",
+)
+store_option = click.option(
+    "--store",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The run store, when it is mounted here: write the snapshot into it instead of uploading it.",
+)
+single_server_option = click.option(
+    "--single-server", is_flag=True, help="Place each split task's pod on one server (mode single-server)."
+)
+
+
+@cli.command()
+@workflow_argument
+@click.option("--group", help="The run's group, e.g. a study; default: the workflow's, else `default`.")
+@single_server_option
+@click.option("--reserve", metavar="NODE", help="Reserve this node for the run.")
+@model_option
+@store_option
+@click.option("--watch", is_flag=True, help="Follow the run with a progress bar per task until it ends.")
+@json_option
+@with_client
+def submit(
+    workflow: Path,
+    group: str | None,
+    single_server: bool,
+    reserve: str | None,
+    model: Path | None,
+    store: Path | None,
+    watch: bool,
+    as_json: bool,
+    client: Client,
+) -> None:
+    """Submit WORKFLOW, run on a snapshot of its git working tree (uncommitted changes included)."""
+    run = client.submit(workflow, model=model, group=group, single_server=single_server, reserve=reserve, store=store)
+    out = render.console()
+    if not as_json:
+        out.print(f"submitted run [bold]{run.run_id}[/bold] (group {run.group or 'default'})")
+    if watch:
+        _follow(client, run.run_id, out, as_json)
+    elif as_json:
+        render.echo_json(run)
+    else:
+        out.print(f"follow it with `simrun status {run.run_id} --watch`")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--watch", is_flag=True, help="Follow the run with a progress bar per task until it ends.")
+@json_option
+@with_client
+def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
+    """Show a run: its state, its tasks' progress and, once it succeeded, their summaries."""
+    out = render.console()
+    if watch:
+        _follow(client, run_id, out, as_json)
+        return
+    run = client.get_run(run_id)
+    if as_json:
+        render.echo_json(run)
+        return
+    _show_run(client, run, out)
+
+
+@cli.command("list")
+@click.option("--group", help="Only this group's runs.")
+@click.option("--state", type=click.Choice(_RUN_STATES), help="Only runs in this state.")
+@click.option("--owner", help="Only runs submitted by this identity.")
+@json_option
+@with_client
+def list_runs(group: str | None, state: str | None, owner: str | None, as_json: bool, client: Client) -> None:
+    """List runs, newest first."""
+    runs = client.list_runs(group=group, state=state, owner=owner)
+    if as_json:
+        render.echo_json(tracker_pb2.ListRunsResponse(runs=runs))
+    elif not runs:
+        click.echo("no runs")
+    else:
+        render.console().print(render.runs_table(runs))
+
+
+@cli.command()
+@click.argument("run_ids", metavar="[RUN]...", nargs=-1)
+@click.option("--group", help="Compare the runs of this group.")
+@json_option
+@with_client
+def compare(run_ids: tuple[str, ...], group: str | None, as_json: bool, client: Client) -> None:
+    """Put the summary values of runs (or of a group's runs) side by side."""
+    if not run_ids and not group:
+        raise click.UsageError("give the runs to compare, or --group")
+    if run_ids and group:
+        raise click.UsageError("give the runs to compare or --group, not both")
+    comparison = client.compare(run_ids=list(run_ids), group=group)
+    if as_json:
+        render.echo_json(comparison)
+    elif not comparison.run_ids:
+        click.echo("no runs to compare")
+    else:
+        render.console().print(render.comparison_table(comparison))
+
+
+@cli.command()
+@workflow_argument
+@single_server_option
+@model_option
+@store_option
+@json_option
+@with_client
+def estimate(
+    workflow: Path, single_server: bool, model: Path | None, store: Path | None, as_json: bool, client: Client
+) -> None:
+    """Plan WORKFLOW without running it: each task's pods, resources and, once learned, seconds."""
+    result = client.estimate(workflow, model=model, single_server=single_server, store=store)
+    if as_json:
+        render.echo_json(result)
+    else:
+        render.console().print(render.estimate_table(result))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@json_option
+@with_client
+def cancel(run_id: str, as_json: bool, client: Client) -> None:
+    """Cancel a run and stop its pods."""
+    run = client.cancel(run_id)
+    if as_json:
+        render.echo_json(run)
+    else:
+        click.echo(f"cancelled run {run.run_id} (now {render.run_state(run.state)})")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("task_id", metavar="TASK")
+@click.option("--worker", metavar="WORKER", help="Only this worker's log: w0 (the coordinator), w1, …")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the task ends.")
+@with_client
+def logs(run_id: str, task_id: str, worker: str | None, follow: bool, client: Client) -> None:
+    """Print the logs of a task's pods."""
+    pod = None
+    for chunk in client.logs(run_id, task_id, worker=worker, follow=follow):
+        if not worker and chunk.pod != pod:
+            # Several pods' logs interleave; name each one where it starts, as `tail` does.
+            click.echo(f"==> {chunk.pod} <==")
+            pod = chunk.pod
+        click.echo(chunk.lines, nl=False)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--name", help="The source name; default: the tree's folder name.")
+@click.option(
+    "--store",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The run store, when it is mounted here: write into it instead of uploading.",
+)
+@with_client
+def snapshot(path: Path, name: str | None, store: Path | None, client: Client) -> None:
+    """Snapshot the git working tree at PATH (uncommitted changes included) and print it as JSON."""
+    result = client.snapshot(path, name=name, store=store)
+    click.echo(json.dumps(result.to_json(), sort_keys=True))
+
+
+@cli.command()
+@json_option
+@with_client
+def whoami(as_json: bool, client: Client) -> None:
+    """Say who your token belongs to and at which priority your runs go."""
+    identity = client.identity()
+    if as_json:
+        render.echo_json(identity)
+        return
+    on_behalf = f", acting for {identity.on_behalf_of}" if identity.on_behalf_of else ""
+    click.echo(f"{identity.name} ({identity.kind}{on_behalf}), priority {render.priority(identity.priority)}")
+
+
+@cli.command()
+@json_option
+@with_client
+def nodes(as_json: bool, client: Client) -> None:
+    """List the nodes runs are placed on, with their reservations."""
+    found = client.nodes()
+    if as_json:
+        render.echo_json(tracker_pb2.ListNodesResponse(nodes=found))
+    else:
+        render.console().print(render.nodes_table(found))
+
+
+def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
+    """Follows a run to its end: progress bars, then the run; exits 1 unless it succeeded."""
+    run: common_pb2.Run | None = None
+    if as_json:
+        run = client.wait(run_id)
+    else:
+        with render.RunProgress(out) as bars:
+            for update in client.watch(run_id):
+                bars.update(update.progress)
+                run = update.run
+        if run is None or run.state not in FINAL_RUN_STATES:
+            run = client.get_run(run_id)
+    if as_json:
+        render.echo_json(run)
+    else:
+        _show_run(client, run, out)
+    if run.state != common_pb2.RUN_STATE_SUCCEEDED:
+        reason = f": {run.message}" if run.message else ""
+        raise click.ClickException(f"run {run.run_id} {render.run_state(run.state)}{reason}")
+
+
+def _show_run(client: Client, run: common_pb2.Run, out: Console) -> None:
+    out.print(render.run_header(run))
+    if run.tasks:
+        out.print(render.tasks_table(run))
+    for message in render.task_messages(run):
+        out.print(message)
+    if run.state == common_pb2.RUN_STATE_SUCCEEDED:
+        out.print(render.summaries_table(client.compare(run_ids=[run.run_id])))

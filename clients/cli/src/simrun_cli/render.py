@@ -1,0 +1,268 @@
+"""How the CLI shows simrun's messages: the API's JSON for programs, rich tables and progress bars for people."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from datetime import UTC
+from typing import Any
+
+import click
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+from rich import box
+from rich.console import Console, Group
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+from simrun.v1 import common_pb2, tracker_pb2
+
+_STATE_STYLES = {
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+    "submitting": "blue",
+    "pending": "dim",
+}
+
+
+def console() -> Console:
+    # Made per command so it writes to the sys.stdout of the moment (click's test runner swaps it). Piped output
+    # gets 120 columns rather than rich's 80 so run ids and values are not cut, unless COLUMNS says otherwise.
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
+    return Console(highlight=False, width=width)
+
+
+def echo_json(message: Message | dict[str, Any]) -> None:
+    """Prints a message as the API's JSON (proto field names), or a dict of them as is."""
+    data = message if isinstance(message, dict) else to_dict(message)
+    click.echo(json.dumps(data, indent=2))
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+def run_state(value: int) -> str:
+    """`succeeded` for RUN_STATE_SUCCEEDED."""
+    return common_pb2.RunState.Name(value).removeprefix("RUN_STATE_").lower()
+
+
+def task_state(value: int) -> str:
+    """`running` for TASK_STATE_RUNNING."""
+    return common_pb2.TaskState.Name(value).removeprefix("TASK_STATE_").lower()
+
+
+def styled(state: str) -> Text:
+    return Text(state, style=_STATE_STYLES.get(state, ""))
+
+
+def when(timestamp: Timestamp) -> str:
+    """A timestamp in local time to the second; empty when unset."""
+    if not timestamp.seconds and not timestamp.nanos:
+        return ""
+    return timestamp.ToDatetime(tzinfo=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def who(identity: common_pb2.Identity) -> str:
+    if not identity.name:
+        return ""
+    return f"{identity.name} (agent of {identity.on_behalf_of})" if identity.on_behalf_of else identity.name
+
+
+def priority(value: int) -> str:
+    return common_pb2.Priority.Name(value).removeprefix("PRIORITY_").lower()
+
+
+def _units(units: int | None, done: int, state: str) -> tuple[int, int]:
+    """(total, completed) of a bar: a split task's units, or 1 for an unsplit task, complete once it succeeded."""
+    if units is not None:
+        return units, done
+    return 1, 1 if state == "succeeded" else 0
+
+
+def run_header(run: common_pb2.Run) -> Group:
+    """The run's id, state, group, submitter, times, model and message."""
+    lines = [
+        Text.assemble(("run ", "bold"), (run.run_id, "bold"), "  ", styled(run_state(run.state))),
+        Text(f"group {run.group or 'default'}, submitted by {who(run.identity) or '?'} at {when(run.create_time)}"),
+    ]
+    if run.HasField("end_time"):
+        lines.append(Text(f"ended at {when(run.end_time)}"))
+    if run.snapshots:
+        model = run.snapshots[0]
+        source = model.provenance
+        origin = ", ".join(
+            part
+            for part in (
+                f"branch {source.branch}" if source.branch else "",
+                f"commit {source.commit[:10]}" if source.commit else "",
+                f"{len(source.changed_files)} changed files" if source.dirty else "",
+            )
+            if part
+        )
+        lines.append(Text(f"model {model.name} {model.snapshot_id[:12]}" + (f" ({origin})" if origin else "")))
+    if run.reservation:
+        lines.append(Text(f"reserves node {run.reservation}"))
+    if run.message:
+        lines.append(Text(run.message, style="red" if run.state == common_pb2.RUN_STATE_FAILED else "yellow"))
+    return Group(*lines)
+
+
+def tasks_table(run: common_pb2.Run) -> Table:
+    """One row per task: its type, state, a progress bar of its units, its pods."""
+    table = Table(box=None, pad_edge=False)
+    table.add_column("task", no_wrap=True)
+    table.add_column("type", overflow="fold")
+    table.add_column("state", no_wrap=True)
+    table.add_column("progress", width=20)
+    table.add_column("units", justify="right")
+    table.add_column("pods", justify="right")
+    for task in run.tasks:
+        state = task_state(task.state)
+        units = task.units if task.HasField("units") else None
+        total, done = _units(units, task.units_done, state)
+        table.add_row(
+            task.task_id,
+            task.type,
+            styled(state),
+            ProgressBar(total=total, completed=done, width=20),
+            f"{task.units_done}/{units}" if units is not None else "-",
+            str(task.plan.pods) if task.plan.pods else "",
+        )
+    return table
+
+
+def task_messages(run: common_pb2.Run) -> Iterator[Text]:
+    for task in run.tasks:
+        if task.message:
+            yield Text(f"{task.task_id}: {task.message}", style="red")
+
+
+def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> Table:
+    """One run's task summaries: task, key, value."""
+    table = Table(box=None, pad_edge=False, title="summaries", title_justify="left", title_style="bold")
+    table.add_column("task", no_wrap=True)
+    table.add_column("key", no_wrap=True)
+    table.add_column("value")
+    for row in comparison.rows:
+        table.add_row(row.task_id, row.key, _value(row.values[0] if row.values else ""))
+    return table
+
+
+def comparison_table(comparison: tracker_pb2.CompareRunsResponse) -> Table:
+    """Summary values side by side: a row per task and key, a column per run."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("task", no_wrap=True)
+    table.add_column("key", no_wrap=True)
+    for run_id in comparison.run_ids:
+        table.add_column(run_id, no_wrap=True, justify="right")
+    for row in comparison.rows:
+        table.add_row(row.task_id, row.key, *(_value(v) for v in row.values))
+    return table
+
+
+def _value(text: str) -> str:
+    """A summary value (JSON) for people: numbers compact, strings unquoted, a missing value as `-`."""
+    if not text:
+        return "-"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def runs_table(runs: Iterable[common_pb2.Run]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("run", "state", "group", "submitted by", "tasks done", "submitted"):
+        table.add_column(name, no_wrap=name in ("run", "submitted"))
+    for run in runs:
+        done = sum(task.state == common_pb2.TASK_STATE_SUCCEEDED for task in run.tasks)
+        table.add_row(
+            run.run_id,
+            styled(run_state(run.state)),
+            run.group,
+            who(run.identity),
+            f"{done}/{len(run.tasks)}",
+            when(run.create_time),
+        )
+    return table
+
+
+def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (
+        ("task", "left"),
+        ("pods", "right"),
+        ("processes × cores", "right"),
+        ("memory GiB", "right"),
+        ("units", "right"),
+        ("priority", "left"),
+        ("memory from", "left"),
+        ("seconds", "right"),  # `-` until the seconds of its units are learned
+    ):
+        table.add_column(name, justify=justify, no_wrap=name == "task")  # type: ignore[arg-type]
+    for task in estimate.tasks:
+        shape = task.plan.shape
+        table.add_row(
+            task.task_id,
+            str(task.plan.pods),
+            f"{shape.processes} × {shape.cores // max(shape.processes, 1)}",
+            str(shape.memory_gb),
+            str(task.plan.units) if task.plan.HasField("units") else "-",
+            task.plan.base_priority.removeprefix("simrun-"),
+            common_pb2.ResolutionRule.Name(task.resources.rule).removeprefix("RESOLUTION_RULE_").lower(),
+            f"{task.seconds:.1f}" if task.HasField("seconds") else "-",
+        )
+    return table
+
+
+def nodes_table(nodes: Iterable[common_pb2.Node]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("node", "cores", "memory GiB", "gpus", "reserved by"):
+        table.add_column(name, justify="left" if name in ("node", "reserved by") else "right")
+    for node in nodes:
+        table.add_row(node.name, str(node.cores), f"{node.memory_gb:g}", str(node.gpus), node.reserved_by or "")
+    return table
+
+
+class RunProgress:
+    """A live progress bar per task of a run, fed by the WatchRun stream."""
+
+    def __init__(self, out: Console) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}", style="bold"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[state]}"),
+            TimeElapsedColumn(),
+            console=out,
+        )
+        self._bars: dict[str, TaskID] = {}
+
+    def __enter__(self) -> RunProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def update(self, progress: Iterable[tracker_pb2.TaskProgress]) -> None:
+        for task in progress:
+            state = task_state(task.state)
+            total, done = _units(task.units if task.HasField("units") else None, task.units_done, state)
+            bar = self._bars.get(task.task_id)
+            if bar is None:
+                bar = self._bars[task.task_id] = self._progress.add_task(task.task_id, total=total, state="")
+            self._progress.update(bar, total=total, completed=done, state=state)

@@ -1,0 +1,63 @@
+"""Fixtures of the CLI tests: a real embedded simrun on loopback, a git copy of the montecarlo example, a runner."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from simrun_cli.main import cli
+from simrun_core.config import ServerConfig
+from simrun_gateway.embedded import EmbeddedServer, start_embedded
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "montecarlo"
+SLOW_WORKFLOW = """\
+name: slow
+tasks:
+  estimate:
+    type: montecarlo.tasks:EstimatePi
+    settings: {units: 400, samples_per_unit: 20000000}
+"""
+
+
+def copy_example(dest: Path) -> Path:
+    """The montecarlo example as its own git repository (one commit), plus `slow.yaml` to cancel."""
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__", "tests", ".venv", ".pytest_cache"))
+    (dest / "slow.yaml").write_text(SLOW_WORKFLOW)
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "montecarlo"]):
+        subprocess.run(
+            ["git", "-c", "user.name=simrun test", "-c", "user.email=test@simrun.invalid", *args],
+            cwd=dest,
+            check=True,
+            capture_output=True,
+        )
+    return dest
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return copy_example(tmp_path_factory.mktemp("model") / "montecarlo")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    home = tmp_path_factory.mktemp("home")
+    embedded = start_embedded(ServerConfig(home=home, store=home / "store", address="127.0.0.1:0", grace_s=2))
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture(scope="session")
+def invoke(server: EmbeddedServer) -> Callable[..., Result]:
+    """Runs `simrun ARGS…` in process against the embedded server (found through SIMRUN_ENDPOINT and SIMRUN_TOKEN)."""
+    env = {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": server.token, "COLUMNS": "160"}
+
+    def run(*args: str | Path) -> Result:
+        return CliRunner().invoke(cli, [str(a) for a in args], env=env, catch_exceptions=False)
+
+    return run

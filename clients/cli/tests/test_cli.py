@@ -1,0 +1,152 @@
+"""`simrun` against a real embedded simrun: submit and follow the montecarlo example, read it back every way."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+
+Invoke = Callable[..., Result]
+
+
+@pytest.fixture(scope="session")
+def watched(invoke: Invoke, model_repo: Path) -> tuple[Result, str]:
+    """`simrun submit pi.yaml --watch`: its output and the run's id."""
+    result = invoke("submit", model_repo / "pi.yaml", "--group", "cli-tests", "--watch")
+    match = re.search(r"submitted run (\S+)", result.stdout)
+    assert match, result.output
+    return result, match.group(1)
+
+
+def _one_error_line(result: Result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def test_submit_watch_shows_progress_then_the_summaries(watched: tuple[Result, str]) -> None:
+    result, run_id = watched
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert re.search(r"estimate\s.*16/16\s+succeeded", out), out
+    assert f"run {run_id}  succeeded" in out
+    assert "summaries" in out
+    assert re.search(r"estimate\s+pi\s+3\.14", out), out
+    assert re.search(r"report\s+consistent\s+true", out), out
+
+
+def test_status_json_is_the_run(invoke: Invoke, watched: tuple[Result, str]) -> None:
+    _, run_id = watched
+    result = invoke("status", run_id, "--json")
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    assert run["run_id"] == run_id and run["state"] == "RUN_STATE_SUCCEEDED"
+    assert [(t["task_id"], t.get("units")) for t in run["tasks"]] == [("estimate", 16), ("report", None)]
+
+
+def test_status_for_people(invoke: Invoke, watched: tuple[Result, str]) -> None:
+    _, run_id = watched
+    result = invoke("status", run_id)
+    assert result.exit_code == 0, result.output
+    assert "montecarlo.tasks:EstimatePi" in result.stdout and "16/16" in result.stdout
+    assert re.search(r"estimate\s+samples\s+8000000", result.stdout), result.stdout
+
+
+def test_list_filters_by_group_and_state(invoke: Invoke, watched: tuple[Result, str]) -> None:
+    _, run_id = watched
+    listed = json.loads(invoke("list", "--group", "cli-tests", "--json").stdout)
+    assert run_id in [run["run_id"] for run in listed["runs"]]
+    table = invoke("list", "--state", "succeeded").stdout
+    assert run_id in table and "cli-tests" in table
+    assert run_id not in invoke("list", "--state", "failed", "--json").stdout
+    assert invoke("list", "--group", "nobody").stdout == "no runs\n"
+
+
+def test_compare_runs_and_groups(invoke: Invoke, watched: tuple[Result, str]) -> None:
+    _, run_id = watched
+    comparison = json.loads(invoke("compare", run_id, "--json").stdout)
+    assert comparison["run_ids"] == [run_id]
+    rows = {(row["task_id"], row["key"]): row["values"] for row in comparison["rows"]}
+    assert json.loads(rows["estimate", "samples"][0]) == 8_000_000
+    table = invoke("compare", "--group", "cli-tests").stdout
+    assert run_id in table and "abs_error" in table
+
+
+def test_compare_needs_runs_or_a_group(invoke: Invoke) -> None:
+    result = invoke("compare")
+    assert result.exit_code == 2 and "give the runs to compare, or --group" in result.stderr
+
+
+def test_estimate(invoke: Invoke, model_repo: Path) -> None:
+    result = invoke("estimate", model_repo / "pi.yaml", "--single-server", "--json")
+    assert result.exit_code == 0, result.output
+    tasks = json.loads(result.stdout)["tasks"]
+    assert [t["task_id"] for t in tasks] == ["estimate", "report"]
+    assert tasks[0]["plan"]["units"] == 16 and tasks[0]["plan"]["pods"] == 1
+    table = invoke("estimate", model_repo / "pi.yaml").stdout
+    assert re.search(r"estimate\s+\d+\s", table), table
+
+
+def test_logs_of_the_coordinator(invoke: Invoke, watched: tuple[Result, str]) -> None:
+    _, run_id = watched
+    result = invoke("logs", run_id, "estimate", "--worker", "w0")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() and not result.stdout.startswith("==>")
+    every_pod = invoke("logs", run_id, "estimate").stdout
+    assert every_pod.startswith("==> w0")
+
+
+def test_cancel_then_status_watch_fails_with_the_state(invoke: Invoke, model_repo: Path) -> None:
+    submitted = invoke("submit", model_repo / "slow.yaml", "--json")
+    assert submitted.exit_code == 0, submitted.output
+    run = json.loads(submitted.stdout)
+    assert run["state"] == "RUN_STATE_SUBMITTING"
+    cancelled = invoke("cancel", run["run_id"])
+    assert cancelled.exit_code == 0 and cancelled.stdout.startswith(f"cancelled run {run['run_id']}")
+    followed = invoke("status", run["run_id"], "--watch")
+    assert _one_error_line(followed).startswith(f"Error: run {run['run_id']} cancelled")
+    again = invoke("cancel", run["run_id"])
+    assert "Traceback" not in _one_error_line(again)
+
+
+def test_a_misspelled_setting_is_one_line(invoke: Invoke, model_repo: Path) -> None:
+    workflow = model_repo / "typo.yaml"
+    workflow.write_text("tasks:\n  e:\n    type: montecarlo.tasks:EstimatePi\n    settings: {sample_per_unit: 3}\n")
+    try:
+        line = _one_error_line(invoke("submit", workflow))
+    finally:
+        workflow.unlink()
+    assert "sample_per_unit" in line and "samples_per_unit" in line
+
+
+def test_an_unknown_run(invoke: Invoke) -> None:
+    assert "no-such-run" in _one_error_line(invoke("status", "no-such-run"))
+
+
+def test_whoami(invoke: Invoke) -> None:
+    assert re.match(r"\S+ \(owner\), priority owner", invoke("whoami").stdout)
+    assert json.loads(invoke("whoami", "--json").stdout)["priority"] == "PRIORITY_OWNER"
+
+
+def test_snapshot_into_a_mounted_store_then_uploaded(
+    invoke: Invoke, model_repo: Path, server: object, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    mounted = invoke("snapshot", model_repo, "--store", store)
+    assert mounted.exit_code == 0, mounted.output
+    written = json.loads(mounted.stdout)
+    assert written["name"] == "montecarlo" and written["provenance"]["branch"] == "main"
+    assert (store / written["path"] / "pi.yaml").is_file()
+    uploaded = json.loads(invoke("snapshot", model_repo).stdout)
+    assert uploaded["snapshot_id"] == written["snapshot_id"]
+
+
+def test_submit_needs_an_existing_workflow(invoke: Invoke, tmp_path: Path) -> None:
+    result = invoke("submit", tmp_path / "missing.yaml")
+    assert result.exit_code == 2 and "does not exist" in result.stderr
