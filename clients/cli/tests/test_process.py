@@ -10,6 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,7 +53,10 @@ def test_an_unreachable_server_is_one_line_without_traceback(tmp_path: Path) -> 
     assert done.stdout == ""
 
 
-def test_server_serves_its_nodes_until_sigterm(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """`simrun server --nodes …` as a process: its endpoint and home; SIGTERM must then end it cleanly."""
+    tmp_path = tmp_path_factory.mktemp("served")
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text("- {name: node-a, cores: 1, memory_gb: 2}\n- {name: node-b, cores: 1, memory_gb: 2}\n")
     home = tmp_path / "home"
@@ -69,21 +74,47 @@ def test_server_serves_its_nodes_until_sigterm(tmp_path: Path) -> None:
         assert match, first + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
         assert Path(match.group(2)) == (tmp_path / "store").resolve()
         assert str(home / "token") in proc.stdout.readline()
-        # A client on this machine finds the owner's token in the home the server wrote it to.
-        listed = subprocess.run(
-            [SIMRUN, "nodes", "--json", "--endpoint", match.group(1)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=_env(home),
-        )
-        assert listed.returncode == 0, listed.stderr
-        assert [node["name"] for node in json.loads(listed.stdout)["nodes"]] == ["node-a", "node-b"]
+        yield match.group(1), home
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert "simrun stopped" in out and "Traceback" not in err
+    assert "simrun stopped" in out
+
+
+def _simrun(served: tuple[str, Path], *args: str | Path) -> subprocess.CompletedProcess[str]:
+    endpoint, home = served
+    command = [SIMRUN, *map(str, args), "--endpoint", endpoint]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=_env(home))
+
+
+def test_server_serves_its_nodes_to_clients_that_find_the_token_in_its_home(served: tuple[str, Path]) -> None:
+    listed = _simrun(served, "nodes", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [node["name"] for node in json.loads(listed.stdout)["nodes"]] == ["node-a", "node-b"]
+
+
+def test_ctrl_c_stops_following_not_the_run(served: tuple[str, Path], model_repo: Path) -> None:
+    endpoint, home = served
+    proc = subprocess.Popen(
+        [SIMRUN, "submit", str(model_repo / "slow.yaml"), "--watch", "--endpoint", endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(home, COLUMNS="120"),
+    )
+    assert proc.stdout is not None
+    match = re.match(r"submitted run (\S+)", proc.stdout.readline())
+    assert match
+    run_id = match.group(1)
+    time.sleep(0.5)  # let it reach the watch, a moment after it says it submitted
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert err == f"stopped following run {run_id}; it goes on: `simrun status {run_id} --watch`\n"
+    status = json.loads(_simrun(served, "status", run_id, "--json").stdout)
+    assert status["state"] in ("RUN_STATE_SUBMITTING", "RUN_STATE_QUEUED", "RUN_STATE_RUNNING")
+    assert _simrun(served, "cancel", run_id).returncode == 0
 
 
 def test_a_bad_nodes_file_says_what_is_wrong(tmp_path: Path) -> None:

@@ -233,15 +233,19 @@ def nodes(as_json: bool, client: Client) -> None:
 def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
     """Follows a run to its end: progress bars, then the run; exits 1 unless it succeeded."""
     run: common_pb2.Run | None = None
-    if as_json:
-        run = client.wait(run_id)
-    else:
-        with render.RunProgress(out) as bars:
-            for update in client.watch(run_id):
-                bars.update(update.progress)
-                run = update.run
-        if run is None or run.state not in FINAL_RUN_STATES:
-            run = client.get_run(run_id)
+    try:
+        if as_json:
+            run = client.wait(run_id)
+        else:
+            with render.RunProgress(out) as bars:
+                for update in client.watch(run_id):
+                    bars.update(update.progress)
+                    run = update.run
+    except KeyboardInterrupt:
+        click.echo(f"stopped following run {run_id}; it goes on: `simrun status {run_id} --watch`", err=True)
+        raise click.exceptions.Exit(130) from None
+    if run is None or run.state not in FINAL_RUN_STATES:
+        run = client.get_run(run_id)
     if as_json:
         render.echo_json(run)
     else:
