@@ -143,3 +143,22 @@ def test_progress_lines_are_whole_with_several_writers(task: TaskLayout) -> None
         log.close()
     lines = read_progress(task.progress)
     assert len(lines) == 900 and {line.worker for line in lines} == {"w0", "w1", "w2"}
+
+
+def test_pending_units_are_links_to_a_few_seeds_that_do_not_remain(
+    task: TaskLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ledger_module, "LINKS_PER_SEED", 7)
+    create_ledger(task, 20)
+    ledger = Ledger.of(task)
+    assert ledger.pending_indices() == list(range(20))
+    assert sorted(p.name for p in task.units.root.iterdir()) == [
+        "claimed",
+        "count",
+        "done",
+        "heartbeats",
+        "pending",
+        "results",
+        "tmp",
+    ]
+    assert {(task.units.pending / str(i)).stat().st_nlink for i in range(20)} == {7, 6}
