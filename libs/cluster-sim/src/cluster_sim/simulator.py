@@ -48,8 +48,9 @@ class SimulatorConfig:
         warmup: Seconds at the start that the cost does not count; the environments advance through
             them under the initial allocation when they reset.
         borrowing: Whether batch processes may use online quota that online demand leaves idle.
-        aging_limit: Seconds a process may wait before it is guaranteed the next free room: once the
-            oldest feasible queued process has waited this long, no younger process starts before it.
+        aging_limit: Seconds after which the oldest queued processes are considered first, in release
+            order; the first of them that could start under the current budgets but does not fit now
+            reserves the machine closest to fitting it, where no younger process starts until it does.
             None turns the guard off.
         shortfall_weight: Cost per core-second of online demand above the online quota.
         unfinished_weight: Cost per second per released, unfinished batch process.
@@ -476,11 +477,19 @@ class ClusterSimulator:
             if end > pointer:
                 aged = fifo[pointer:end]
                 for i in aged[self._queued[aged]].tolist():
-                    feasible = np.any((admitted >= p_cpu[i] - _TOL) & (self._batch_memory >= p_memory[i] - _TOL))
-                    if not feasible:
+                    feasible = (admitted >= p_cpu[i] - _TOL) & (self._batch_memory >= p_memory[i] - _TOL)
+                    if not feasible.any():
                         continue  # cannot start under the current budgets even on an empty machine
-                    if not self._place(i, free_cpu, free_memory):
-                        return  # the oldest feasible process waits for room; nothing younger overtakes it
+                    if self._place(i, free_cpu, free_memory):
+                        continue
+                    # Reserve the feasible machine closest to fitting it: nothing younger starts there,
+                    # so it drains until the oldest process fits (other machines keep working).
+                    shortage = np.maximum(p_cpu[i] - free_cpu, 0.0) / self._cpu + np.maximum(
+                        p_memory[i] - free_memory, 0.0
+                    ) / np.maximum(self._batch_memory, _TOL)
+                    shortage[~feasible] = np.inf
+                    free_cpu[int(np.argmin(shortage))] = -np.inf
+                    break
         order = self._orders[self._order]
         max_cpu = free_cpu.max()
         max_memory = free_memory.max()
