@@ -114,6 +114,26 @@ def test_cancel_then_status_watch_fails_with_the_state(invoke: Invoke, model_rep
     assert "Traceback" not in _one_error_line(again)
 
 
+def test_a_failing_task_fails_the_run_and_says_why(invoke: Invoke, model_repo: Path) -> None:
+    workflow = model_repo / "broken.yaml"
+    workflow.write_text(
+        "tasks:\n"
+        "  scan: {type: montecarlo.tasks:ConvergenceScan, settings: {points: 2, min_samples: 100}}\n"
+        "  report: {type: montecarlo.tasks:Report, inputs: {estimate: scan.scan}}\n"
+    )
+    try:
+        result = invoke("submit", workflow, "--watch")
+    finally:
+        workflow.unlink()
+    line = _one_error_line(result)
+    run_id = re.search(r"submitted run (\S+)", result.stdout).group(1)  # type: ignore[union-attr]
+    assert line.startswith(f"Error: run {run_id} failed") and line.endswith(f"see `simrun logs {run_id} report`")
+    assert re.search(r"report\s.*failed", result.stdout), result.stdout
+    run = json.loads(invoke("status", run_id, "--json").stdout)
+    states = {task["task_id"]: task["state"] for task in run["tasks"]}
+    assert states == {"scan": "TASK_STATE_SUCCEEDED", "report": "TASK_STATE_FAILED"}
+
+
 def test_a_misspelled_setting_is_one_line(invoke: Invoke, model_repo: Path) -> None:
     workflow = model_repo / "typo.yaml"
     workflow.write_text("tasks:\n  e:\n    type: montecarlo.tasks:EstimatePi\n    settings: {sample_per_unit: 3}\n")

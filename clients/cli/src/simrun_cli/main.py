@@ -252,7 +252,9 @@ def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
         _show_run(client, run, out)
     if run.state != common_pb2.RUN_STATE_SUCCEEDED:
         reason = f": {run.message}" if run.message else ""
-        raise click.ClickException(f"run {run.run_id} {render.run_state(run.state)}{reason}")
+        failed = [task.task_id for task in run.tasks if task.state == common_pb2.TASK_STATE_FAILED]
+        logs = f"; see `simrun logs {run.run_id} {failed[0]}`" if failed else ""
+        raise click.ClickException(f"run {run.run_id} {render.run_state(run.state)}{reason}{logs}")
 
 
 def _show_run(client: Client, run: common_pb2.Run, out: Console) -> None:

@@ -87,6 +87,10 @@ def _units(units: int | None, done: int, state: str) -> tuple[int, int]:
     return 1, 1 if state == "succeeded" else 0
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def run_header(run: common_pb2.Run) -> Group:
     """The run's id, state, group, submitter, times, model and message."""
     lines = [
@@ -103,7 +107,7 @@ def run_header(run: common_pb2.Run) -> Group:
             for part in (
                 f"branch {source.branch}" if source.branch else "",
                 f"commit {source.commit[:10]}" if source.commit else "",
-                f"{len(source.changed_files)} changed files" if source.dirty else "",
+                _count(len(source.changed_files), "changed file") if source.dirty else "",
             )
             if part
         )

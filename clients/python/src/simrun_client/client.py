@@ -60,8 +60,8 @@ def git_toplevel(path: Path) -> Path:
         raise InvalidArgument("git is not installed: simrun snapshots the git working tree of the model") from None
     if result.returncode != 0:
         raise InvalidArgument(
-            f"{path} is not in a git working tree: simrun runs the working tree that holds the workflow; "
-            "put the model under git or name its folder as the model"
+            f"{path} is not in a git working tree: simrun runs a snapshot of the git working tree that holds "
+            "the workflow; `git init` the model, or name the model's working tree"
         )
     return Path(result.stdout.strip())
 
