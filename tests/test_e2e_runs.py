@@ -35,7 +35,7 @@ def test_example_split_workflow_succeeds_with_merged_outputs(start_server, clien
     assert server.learner is not None
     from simrun_learner.rules import ObservationKey
 
-    assert server.learner.observations(ObservationKey("montecarlo.tasks:EstimatePi", "montecarlo"))
+    assert server.learner.observations(ObservationKey("montecarlo.tasks:EstimatePi", "montecarlo", "500000"))
 
 
 def test_outputs_flow_downstream_and_runs_compare_side_by_side(start_server, client_for, e2e_model):

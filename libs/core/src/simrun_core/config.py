@@ -56,6 +56,7 @@ class ServerConfig(BaseModel):
     )
     poll_s: float = Field(default=0.1, gt=0, description="Seconds between two passes of the local scheduler.")
     services: ServiceAddresses = Field(default_factory=ServiceAddresses)
+    service_token: str = Field(default="", description="Token a service sends another (tracker to learner).")
     grace_s: float = Field(default=10.0, gt=0, description="Seconds a stopped pod has before SIGKILL.")
     merge_wait_s: float = Field(default=120.0, ge=0, description="Seconds to await the merge marker.")
 

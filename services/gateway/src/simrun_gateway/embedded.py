@@ -20,7 +20,7 @@ from simrun.v1 import (
     tracker_pb2_grpc,
 )
 from simrun_core.config import ServerConfig, ensure_local_tokens
-from simrun_core.errors import FailedPrecondition, InvalidArgument
+from simrun_core.errors import FailedPrecondition
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
 from simrun_learner.learner import ResourceLearner
@@ -29,10 +29,7 @@ from simrun_planner import PlanError
 from simrun_planner.servicer import PlannerService
 from simrun_runtime.layout import StoreLayout
 from simrun_snapshot.server import register as register_snapshots
-from simrun_tracker.describer import SubprocessDescriber
-from simrun_tracker.learning import InProcessLearner
-from simrun_tracker.local import LocalExecutor
-from simrun_tracker.ports import ServerInterpreter
+from simrun_tracker.server import build_tracker
 from simrun_tracker.servicer import RunTrackerServicer
 from simrun_tracker.tracker import RunTracker
 
@@ -81,7 +78,7 @@ def start_embedded(config: ServerConfig) -> EmbeddedServer:
     """Starts the gateway with every service not given an address in `config.services` served in process.
 
     Raises:
-        InvalidArgument: a bad tokens file or service address, or the tracker configured without the learner.
+        InvalidArgument: a bad tokens file.
     """
     if config.tokens_file is not None:
         tokens, token = TokenRegistry.load(config.tokens_file), ""
@@ -91,8 +88,6 @@ def start_embedded(config: ServerConfig) -> EmbeddedServer:
     store = StoreLayout(config.store)
     store.root.mkdir(parents=True, exist_ok=True)
     remote = {name: address for name, address in config.services.model_dump().items() if address}
-    if "tracker" not in remote and "learner" in remote:
-        raise InvalidArgument("serve the tracker beside the learner: set both services.tracker and services.learner")
     registrations: list[Registration] = [
         lambda s: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(), s)
     ]
@@ -109,17 +104,7 @@ def start_embedded(config: ServerConfig) -> EmbeddedServer:
     if "snapshot" not in remote:
         registrations.append(register_snapshots(store.root))
     if "tracker" not in remote:
-        assert learner is not None
-        executor = LocalExecutor.from_config(config)
-        tracker = RunTracker(
-            store,
-            executor,
-            InProcessLearner(learner, store),
-            SubprocessDescriber(),
-            ServerInterpreter(),
-            grace_s=config.grace_s,
-            merge_wait_s=config.merge_wait_s,
-        )
+        tracker = build_tracker(config, store, learner)
         closers.append(tracker.close)
         registrations.append(
             lambda s: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(RunTrackerServicer(tracker), s)

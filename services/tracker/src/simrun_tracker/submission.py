@@ -105,20 +105,20 @@ def describe_tasks(
     return descriptions
 
 
-def usable_nodes(nodes: list[Node], run_id: str, reserve: str | None) -> list[Node]:
-    """The nodes a run may plan on: the one it reserves, else those no other run reserves.
+def reserving(nodes: list[Node], run_id: str, reserve: str | None) -> list[Node]:
+    """The nodes as they will be once the run holds its reservation, for the planner to plan with.
 
     Raises:
         NotFound: the node to reserve does not exist.
         FailedPrecondition: another run holds the node to reserve.
     """
     if reserve is None:
-        return [node for node in nodes if node.reserved_by in (None, run_id)]
+        return nodes
     for node in nodes:
         if node.name == reserve:
             if node.reserved_by not in (None, run_id):
                 raise FailedPrecondition(f"node {reserve} is reserved by run {node.reserved_by}")
-            return [dataclasses.replace(node, reserved_by=None)]
+            return [dataclasses.replace(n, reserved_by=run_id) if n is node else n for n in nodes]
     raise NotFound(f"no node {reserve!r}: `simrun nodes` lists them")
 
 
@@ -130,6 +130,7 @@ def plan_tasks(
     model: str,
     priority: Priority,
     mode: SplitMode | None,
+    run_id: str,
 ) -> list[PlannedTask]:
     """Resolves each task's resources through the learner and plans its pods through the planner."""
     planned = []
@@ -156,6 +157,7 @@ def plan_tasks(
                 workflow.mode_of(task_id, mode),
                 priority,
                 description.units if description.split else None,
+                run_id=run_id,
             )
         except PlanError as exc:
             raise FailedPrecondition(f"task {task_id}: {exc}") from exc

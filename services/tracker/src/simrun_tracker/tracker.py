@@ -39,7 +39,7 @@ from simrun_tracker.executor import Executor, PodPhase, PodStatus
 from simrun_tracker.index import RunIndex, row_from_record, task_summaries
 from simrun_tracker.pods import task_pods
 from simrun_tracker.ports import EnvironmentPort, LearnerPort
-from simrun_tracker.submission import PlannedTask, check_snapshots, describe_tasks, plan_tasks, usable_nodes
+from simrun_tracker.submission import PlannedTask, check_snapshots, describe_tasks, plan_tasks, reserving
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +152,10 @@ class RunTracker:
         probe = RunRecord(run_id=run_id, identity=_record_identity(identity), snapshots=snapshots)
         interpreter = self.environments.interpreter(probe)
         descriptions = describe_tasks(self.describer, interpreter, model_root, workflow)
-        nodes = usable_nodes(self.executor.nodes(), run_id, reserve)
-        return plan_tasks(workflow, descriptions, self.learner, nodes, snapshots[0].name, identity.priority, mode)
+        nodes = reserving(self.executor.nodes(), run_id, reserve)
+        return plan_tasks(
+            workflow, descriptions, self.learner, nodes, snapshots[0].name, identity.priority, mode, run_id
+        )
 
     def submit(self, submission: Submission, identity: Identity) -> RunRecord:
         """Validates, resolves and plans a workflow, records the run as `submitting` and returns at once.

@@ -1,0 +1,49 @@
+"""Serves the run tracker alone: `python -m simrun_tracker --config server.yaml` (learner at services.learner)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from pathlib import Path
+
+from simrun_core.config import ServerConfig
+from simrun_core.errors import InvalidArgument
+from simrun_core.identity import TokenRegistry
+from simrun_learner.learner import ResourceLearner
+from simrun_runtime.layout import StoreLayout
+
+from simrun_tracker.server import build_tracker, create_server
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Starts the tracker with the config's store, nodes and learner; serves until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m simrun_tracker", description="Serve the simrun run tracker.")
+    parser.add_argument("--config", type=Path, required=True, help="server config (YAML): store, address, ...")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    try:
+        config = ServerConfig.load(args.config)
+        tokens = TokenRegistry.load(config.tokens_file) if config.tokens_file else None
+    except InvalidArgument as exc:
+        parser.exit(2, f"simrun-tracker: error: {exc}\n")
+    store = StoreLayout(config.store)
+    learner = None if config.services.learner else ResourceLearner(store.observations)
+    tracker = build_tracker(config, store, learner)
+    bound = create_server(tracker, config.address, tokens).start()
+    tracker.start()
+    logging.getLogger(__name__).info("run tracker serving on port %d with the store %s", bound.port, store.root)
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    bound.stop()
+    tracker.close()
+    if learner is not None:
+        learner.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
