@@ -158,7 +158,8 @@ class ClusterSimulator:
         self._version = np.zeros(m_count, dtype=np.int64)
         self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
-        self._changed: set[int] = set()
+        self._changed: set[int] = set()  # machines whose batch budget or requested CPU changed
+        self._touched: set[int] = set()  # machines whose set of running processes changed
         self._dirty = False
 
         self._order = QueueOrder.FIFO
@@ -447,6 +448,7 @@ class ClusterSimulator:
             self._requested[j] = 0.0
             self._memory_used[j] = 0.0
         self._changed.add(j)
+        self._touched.add(j)
         self._dirty = True
 
     # Placement and rates --------------------------------------------------------------------
@@ -533,6 +535,7 @@ class ClusterSimulator:
         self._n_running += 1
         self._queued_cpu = self._queued_cpu - cpu if self._n_queued else 0.0
         self._changed.add(j)
+        self._touched.add(j)
         return True
 
     def _catch_up(self, j: int) -> None:
@@ -544,25 +547,34 @@ class ClusterSimulator:
     def _update_rates(self) -> None:
         if not self._changed:
             return
-        budget = self._budget()
-        for j in sorted(self._changed):
-            self._catch_up(j)
-            requested = self._requested[j]
-            available = max(float(budget[j]), 0.0)
-            # Proportional slow-down: every process on the machine gets the same fraction of its request.
-            rate = 1.0 if requested <= available + _TOL else available / requested
-            self._rate[j] = rate
+        changed = np.fromiter(self._changed, dtype=np.int64, count=len(self._changed))
+        available = np.maximum(self._budget()[changed], 0.0)
+        requested = self._requested[changed]
+        # Proportional slow-down: every process on the machine gets the same fraction of its request.
+        rate = np.where(requested <= available + _TOL, 1.0, available / np.where(requested > 0, requested, 1.0))
+        old = self._rate[changed]
+        moved = changed[rate != old]
+        if moved.size:
+            # Bring the virtual clocks up to now at the old rates before the rates change.
+            self._virtual[moved] += self._rate[moved] * (self._time - self._virtual_at[moved])
+            self._virtual_at[moved] = self._time
+            self._rate[changed] = rate
+        # Only machines whose rate or whose earliest-finishing process changed need a new completion.
+        for j in sorted(self._touched.union(moved.tolist())):
+            rate_j = float(self._rate[j])
             running = self._running[j]
             top = running[0][0] if running else None
-            key = (rate, top)
+            key = (rate_j, top)
             if key == self._scheduled[j]:
                 continue
             self._scheduled[j] = key
             self._version[j] += 1
-            if top is not None and rate > 0:
-                finish = float(self._time + max(float(top - self._virtual[j]), 0.0) / rate)
+            if top is not None and rate_j > 0:
+                self._catch_up(j)
+                finish = float(self._time + max(float(top - self._virtual[j]), 0.0) / rate_j)
                 self._push(finish, _COMPLETION, (j, int(self._version[j])))
         self._changed.clear()
+        self._touched.clear()
         self._batch_use_rate = float((self._requested * self._rate).sum())
 
     def _integrate(self, time: float) -> None:
