@@ -19,9 +19,9 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes `data` as indented, key-sorted JSON, atomically."""
-    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True) -> None:
+    """Writes `data` as indented JSON, atomically; keys sorted unless their order means something."""
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode())
 
 
 def read_json(path: Path) -> Any:

@@ -134,7 +134,8 @@ class RunRecord(BaseModel):
 
     def save(self, run: RunLayout) -> None:
         self.updated_at = utcnow()
-        write_json_atomic(run.record, self.model_dump(mode="json"))
+        # Unsorted: the order of `tasks` is the order they run.
+        write_json_atomic(run.record, self.model_dump(mode="json"), sort_keys=False)
 
     @classmethod
     def load(cls, run: RunLayout) -> RunRecord:

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 
 _FORWARDED_METADATA = ("authorization", "traceparent", "tracestate")
+_NO_DEADLINE_S = 10 * 365 * 24 * 3600.0
 
 
 def _identity(data: bytes) -> bytes:
@@ -41,16 +42,14 @@ class ForwardingHandler(grpc.GenericRpcHandler):
             call = channel.unary_unary(method, **kwargs)
 
             def unary_unary(request: bytes, context: grpc.ServicerContext) -> bytes:
-                return _relay(
-                    lambda: call(request, metadata=metadata(context), timeout=context.time_remaining()), context
-                )
+                return _relay(lambda: call(request, metadata=metadata(context), timeout=_timeout(context)), context)
 
             return grpc.unary_unary_rpc_method_handler(unary_unary)
         if not client_streaming:
             stream_call = channel.unary_stream(method, **kwargs)
 
             def unary_stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-                responses = stream_call(request, metadata=metadata(context))
+                responses = stream_call(request, metadata=metadata(context), timeout=_timeout(context))
                 context.add_callback(responses.cancel)
                 yield from _relay_stream(responses, context)
 
@@ -59,19 +58,28 @@ class ForwardingHandler(grpc.GenericRpcHandler):
             upload = channel.stream_unary(method, **kwargs)
 
             def stream_unary(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
-                return _relay(lambda: upload(requests, metadata=metadata(context)), context)
+                return _relay(lambda: upload(requests, metadata=metadata(context), timeout=_timeout(context)), context)
 
             return grpc.stream_unary_rpc_method_handler(stream_unary)
         both = channel.stream_stream(method, **kwargs)
 
         def stream_stream(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-            yield from _relay_stream(both(requests, metadata=metadata(context)), context)
+            yield from _relay_stream(both(requests, metadata=metadata(context), timeout=_timeout(context)), context)
 
         return grpc.stream_stream_rpc_method_handler(stream_stream)
 
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
+
+
+def _timeout(context: grpc.ServicerContext) -> float | None:
+    """The caller's remaining deadline, or None for a call without one.
+
+    grpc reports a call without a deadline as about 9e18 seconds remaining, which a new call cannot take.
+    """
+    remaining = context.time_remaining()
+    return remaining if 0 < remaining < _NO_DEADLINE_S else None
 
 
 def _relay(call: Any, context: grpc.ServicerContext) -> bytes:

@@ -69,14 +69,26 @@ class AuthInterceptor(grpc.ServerInterceptor):
         def stream(fn: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 identity = authenticate(context)
+                # The identity is set around each step of the handler only: the thread may serve others between.
                 token = _identity.set(identity)
                 try:
-                    for item in fn(request, context):
-                        _identity.reset(token)
-                        yield item
-                        token = _identity.set(identity)
+                    responses = iter(fn(request, context))
                 finally:
                     _identity.reset(token)
+                try:
+                    while True:
+                        token = _identity.set(identity)
+                        try:
+                            item = next(responses)
+                        except StopIteration:
+                            return
+                        finally:
+                            _identity.reset(token)
+                        yield item
+                finally:
+                    close = getattr(responses, "close", None)
+                    if close is not None:
+                        close()
 
             return wrapper
 
