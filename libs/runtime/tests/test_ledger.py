@@ -162,3 +162,12 @@ def test_pending_units_are_links_to_a_few_seeds_that_do_not_remain(
         "tmp",
     ]
     assert {(task.units.pending / str(i)).stat().st_nlink for i in range(20)} == {7, 6}
+
+
+def test_units_lost_from_the_ledger_are_found(task: TaskLayout) -> None:
+    create_ledger(task, 4)
+    ledger = Ledger.of(task)
+    assert ledger.claim(0, "w1") and ledger.claim(1, "w1") and ledger.mark_done(1, "w1")
+    assert ledger.has_claims() and ledger.has_pending() and ledger.missing() == []
+    (task.units.pending / "3").unlink()
+    assert ledger.missing() == [3]

@@ -170,6 +170,22 @@ class Ledger:
         """The claims `worker` holds, e.g. an earlier incarnation's, which a restarted worker takes back."""
         return self.claims().get(worker, [])
 
+    def has_claims(self) -> bool:
+        with os.scandir(self.layout.claimed) as entries:
+            return next(entries, None) is not None
+
+    def has_pending(self) -> bool:
+        with os.scandir(self.layout.pending) as entries:
+            return next(entries, None) is not None
+
+    def missing(self) -> list[int]:
+        """Units neither pending, claimed nor done (none, unless someone removed files of the ledger)."""
+        with os.scandir(self.layout.done) as entries:
+            seen = {int(entry.name) for entry in entries if entry.name.isdigit()}
+        seen.update(self.pending_indices())
+        seen.update(index for indices in self.claims().values() for index in indices)
+        return sorted(set(range(self.count)) - seen)
+
     def pending_indices(self) -> list[int]:
         with os.scandir(self.layout.pending) as entries:
             return sorted(int(entry.name) for entry in entries if entry.name.isdigit())
@@ -220,9 +236,11 @@ class Ledger:
         """Writes unit `index`'s results with `fill(directory)` in a temporary directory, then renames it to
         `results/<index>/`. Returns False if a copy was already in place, in which case this one is discarded."""
         tmp = self.layout.result_tmp(index, worker, os.getpid())
-        if tmp.exists():
+        try:
+            tmp.mkdir()
+        except FileExistsError:
             shutil.rmtree(tmp)
-        tmp.mkdir()
+            tmp.mkdir()
         try:
             fill(tmp)
         except BaseException:

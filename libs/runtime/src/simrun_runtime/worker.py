@@ -157,9 +157,12 @@ class Worker:
                 else:
                     pool.submit(index)
             if pool.in_flight == 0:
-                if not self.coordinator or ledger.is_complete():
+                # Listing claimed/ (small) first spares listing done/ (every unit) while others still compute.
+                if not self.coordinator or (not ledger.has_claims() and ledger.is_complete()):
                     pool.close()
                     return None
+                if not ledger.has_claims() and not ledger.has_pending():
+                    raise LedgerError(f"units are missing from the ledger {ledger.layout.root}: {ledger.missing()}")
                 if time.monotonic() - last_stale_check >= STALE_CHECK_S:
                     ledger.release_stale(self.env.grace_s, exclude=worker)
                     last_stale_check = time.monotonic()
