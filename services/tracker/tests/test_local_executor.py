@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -463,3 +464,27 @@ def test_the_cgroups_and_pods_of_a_dead_executor_are_removed_at_start(make_execu
         if stale.exists():
             (stale / "pod.1").rmdir()
             stale.rmdir()
+
+
+def test_a_retry_after_a_kill_for_memory_runs_the_retry_processes(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    record = pods.box / "processes.txt"
+    # The first attempt notes its processes and dies by SIGKILL; the retry notes its processes and succeeds.
+    script = (
+        "import os, signal, sys, pathlib\n"
+        "p = pathlib.Path(sys.argv[1])\n"
+        "first = not p.exists()\n"
+        "with p.open('a') as f: f.write(os.environ['SIMRUN_PROCESSES'] + '\\n')\n"
+        "if first: os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    spec = dataclasses.replace(
+        pods.spec("retry", command=[sys.executable, "-c", script, str(record)], processes=4, memory_gb=0.5),
+        env={"SIMRUN_PROCESSES": "4"},
+        retry_memory_gb=0.75,
+        retry_processes=2,
+    )
+    executor.start_pods([spec])
+    wait_for(phase_is(executor, spec, PodPhase.SUCCEEDED))
+    assert record.read_text().split() == ["4", "2"]
+    assert status(executor, spec).memory_kills[0].per_worker_gb == 0.125
+    assert spec.retry_per_worker_gb == 0.375

@@ -49,6 +49,8 @@ class PodSpec:
     """e.g. `simrun-agent-extra`; its value decides admission order and preemption."""
     grace_s: float = 30.0
     """Seconds between SIGTERM and SIGKILL when the pod is stopped or preempted."""
+    retry_processes: int | None = None
+    """The worker processes of the retry, fewer where 1.5 times the memory per process needs it; None: the same."""
 
     @property
     def pod_id(self) -> str:
@@ -58,9 +60,13 @@ class PodSpec:
     def per_worker_gb(self) -> float:
         return self.memory_gb / max(self.processes, 1)
 
+    def processes_after(self, memory_kills: int) -> int:
+        """The worker processes of an attempt after `memory_kills` kills for memory."""
+        return self.retry_processes or self.processes if memory_kills else self.processes
+
     @property
     def retry_per_worker_gb(self) -> float:
-        return self.retry_memory_gb / max(self.processes, 1)
+        return self.retry_memory_gb / max(self.processes_after(1), 1)
 
 
 @dataclass

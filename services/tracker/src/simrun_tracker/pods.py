@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from simrun_planner import PodShape, retry_processes
 from simrun_runtime.layout import RunLayout
 from simrun_runtime.record import RunRecord, TaskRecord
 
@@ -13,6 +14,7 @@ def task_pods(run: RunLayout, record: RunRecord, task: TaskRecord, interpreter: 
     assert task.plan is not None, f"task {task.task_id} has no plan"
     plan = task.plan
     shape = plan["shape"]
+    base_memory_gb = (task.resources or {}).get("base_memory_gb", 0.0)
     layout = run.task(task.task_id)
     module = "simrun_runtime.worker" if task.split else "simrun_runtime.execute"
     pods = []
@@ -41,6 +43,7 @@ def task_pods(run: RunLayout, record: RunRecord, task: TaskRecord, interpreter: 
                 memory_gb=shape["memory_gb"],
                 processes=shape["processes"],
                 retry_memory_gb=shape["retry_memory_gb"],
+                retry_processes=retry_processes(PodShape(**shape), base_memory_gb),
                 priority_class=plan["base_priority"] if index == 0 else plan["extra_priority"],
                 grace_s=grace_s,
             )

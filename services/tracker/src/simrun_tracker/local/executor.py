@@ -289,7 +289,8 @@ class LocalExecutor:
         pod.claim = None
         pod.seq = self._next_seq()
         limit = int(status.memory_gb * GIB)
-        env = {**os.environ, **spec.env}
+        processes = spec.processes_after(len(status.memory_kills))
+        env = {**os.environ, **spec.env, "SIMRUN_PROCESSES": str(processes)}
         env.pop("SIMRUN_CGROUP", None)
         command = list(spec.command)
         try:
@@ -303,7 +304,7 @@ class LocalExecutor:
                 limit_by = f"cgroup v{self._cgroups.version}" if self._cgroups else "watchdog"
                 log.write(
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
-                    f"memory limit {gib(status.memory_gb)} GiB ({gib(status.memory_gb / max(spec.processes, 1))} "
+                    f"memory limit {gib(status.memory_gb)} GiB ({gib(status.memory_gb / max(processes, 1))} "
                     f"GiB per process, {limit_by}), cores {spec.cores}, {_now()} ===\n".encode()
                 )
                 log.flush()
@@ -361,7 +362,8 @@ class LocalExecutor:
         elif stopping == STOPPED:
             self._final(pod, PodPhase.FAILED, STOPPED, code)
         elif evidence is not None or (code in _SIGKILL_EXITS and stopping is None):
-            kill = MemoryKill(status.memory_gb, status.memory_gb / max(pod.spec.processes, 1), evidence or "sigkill")
+            processes = pod.spec.processes_after(len(status.memory_kills))
+            kill = MemoryKill(status.memory_gb, status.memory_gb / max(processes, 1), evidence or "sigkill")
             status.memory_kills.append(kill)
             if len(status.memory_kills) == 1:
                 self._requeue(
