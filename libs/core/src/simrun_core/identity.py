@@ -120,7 +120,7 @@ class TokenRegistry:
         except OSError as exc:
             raise InvalidArgument(f"cannot read the tokens file {path}: {exc.strerror}") from exc
         except yaml.YAMLError as exc:
-            raise InvalidArgument(f"the tokens file {path} is not valid YAML: {exc}") from exc
+            raise InvalidArgument(f"the tokens file {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
         return cls.from_mapping(data, str(path))
 
     def authenticate(self, token: str | None) -> Identity:
