@@ -67,6 +67,30 @@ def median_of(runs: int, action: Callable[[], object], before: Callable[[], obje
     return statistics.median(times)
 
 
+def interleaved(
+    runs: int,
+    action: Callable[[], object],
+    cp_al: Callable[[], object],
+    git_status: Callable[[], object],
+    settle: Callable[[], object],
+    before: Callable[[], object] | None,
+) -> list[float]:
+    """Medians of the action, `git status` and `cp -al`, run in turn so that all see the same load of the machine.
+
+    `cp -al` changes the ctime of every file it links, which makes git re-read them all once: `settle` refreshes
+    git's index (untimed) after it, so neither `git status` nor the snapshot pays for it.
+    """
+    times: list[list[float]] = [[], [], []]
+    for _ in range(runs):
+        times[2].append(timed(cp_al))
+        settle()
+        times[1].append(timed(git_status))
+        if before is not None:
+            before()
+        times[0].append(timed(action))
+    return [statistics.median(t) for t in times]
+
+
 def store_state(root: Path) -> list[tuple[str, int, int]]:
     return sorted((str(p), p.lstat().st_ino, p.lstat().st_mtime_ns) for p in root.rglob("*"))
 
@@ -95,15 +119,15 @@ def run(work: Path, files: int, mib: int, runs: int) -> None:
 
     counter = iter(range(10**6))
 
+    def settle() -> None:
+        subprocess.run(["git", "update-index", "-q", "--refresh"], cwd=tree, check=False, capture_output=True)
+
     def git_status() -> None:
         subprocess.run(["git", "status", "--porcelain"], cwd=tree, check=True, capture_output=True)
 
     def cp_al() -> None:
         dest = work / f"cp-{next(counter)}"
         subprocess.run(["cp", "-al", str(tree), str(dest)], check=True)
-
-    def git_and_cp() -> tuple[float, float]:
-        return median_of(runs, git_status), median_of(runs, cp_al)
 
     rows: list[tuple[str, float, float, float]] = []
     server = create_server(work / "served", "127.0.0.1:0").start()
@@ -115,19 +139,15 @@ def run(work: Path, files: int, mib: int, runs: int) -> None:
         def cold_cache() -> None:
             shutil.rmtree(work / "cache", ignore_errors=True)
 
-        first = median_of(runs, lambda: snapshot_to_store(tree, work / f"store-{next(stores)}"), cold_cache)
+        def measure(label: str, action: Callable[[], object], before: Callable[[], object] | None = None) -> None:
+            value, status_s, cp_s = interleaved(runs, action, cp_al, git_status, settle, before)
+            rows.append((label, value, status_s, cp_s))
+
+        measure("first snapshot, mounted", lambda: snapshot_to_store(tree, work / f"store-{next(stores)}"), cold_cache)
         uploads = iter(range(10**6))
-
-        def upload_first() -> SnapshotResult:
-            with open_channel(f"127.0.0.1:{server.port}") as fresh:
-                return upload_snapshot(tree, fresh, name=f"first{next(uploads)}")
-
-        first_up = median_of(runs, upload_first, cold_cache)
-        status_s, cp_s = git_and_cp()
-        rows += [
-            ("first snapshot, mounted", first, status_s, cp_s),
-            ("first snapshot, upload", first_up, status_s, cp_s),
-        ]
+        measure(
+            "first snapshot, upload", lambda: upload_snapshot(tree, channel, name=f"first{next(uploads)}"), cold_cache
+        )
 
         # The unchanged tree, warm cache.
         store = work / "store"
@@ -135,13 +155,11 @@ def run(work: Path, files: int, mib: int, runs: int) -> None:
         upload_snapshot(tree, channel)
         before, served_before = store_state(store), store_state(work / "served")
         results: list[SnapshotResult] = []
-        unchanged = median_of(runs, lambda: results.append(snapshot_to_store(tree, store)))
-        unchanged_up = median_of(runs, lambda: results.append(upload_snapshot(tree, channel)))
+        measure("unchanged, mounted", lambda: results.append(snapshot_to_store(tree, store)))
+        measure("unchanged, upload", lambda: results.append(upload_snapshot(tree, channel)))
         written = len(set(store_state(store)) ^ set(before)) + len(
             set(store_state(work / "served")) ^ set(served_before)
         )
-        status_s, cp_s = git_and_cp()
-        rows += [("unchanged, mounted", unchanged, status_s, cp_s), ("unchanged, upload", unchanged_up, status_s, cp_s)]
         sent = sum(r.bytes_sent for r in results)
         read = sum(r.files_read for r in results)
         existed = all(r.existed for r in results)
@@ -155,20 +173,15 @@ def run(work: Path, files: int, mib: int, runs: int) -> None:
                 p.write_bytes(p.read_bytes()[::-1] + b"!")
 
         changed_results: list[SnapshotResult] = []
-        changed = median_of(runs, lambda: changed_results.append(snapshot_to_store(tree, store)), change_ten)
-        changed_up = median_of(runs, lambda: changed_results.append(upload_snapshot(tree, channel)), change_ten)
-        status_s, cp_s = git_and_cp()
-        rows += [
-            ("10 files changed, mounted", changed, status_s, cp_s),
-            ("10 files changed, upload", changed_up, status_s, cp_s),
-        ]
+        measure("10 files changed, mounted", lambda: changed_results.append(snapshot_to_store(tree, store)), change_ten)
+        upload_snapshot(tree, channel)  # the service's latest snapshot catches up with the mounted runs' changes
+        measure("10 files changed, upload", lambda: changed_results.append(upload_snapshot(tree, channel)), change_ten)
     finally:
         channel.close()
         server.stop(None)
 
-    print(
-        f"\nmedians of {runs} runs; {files} files, {sum(p.stat().st_size for p in tree.rglob('*') if p.is_file()) / 2**20:.0f} MiB"
-    )
+    size_mib = sum(p.stat().st_size for p in tree.rglob("*") if p.is_file()) / 2**20
+    print(f"\nmedians of {runs} runs; {files} files, {size_mib:.0f} MiB")
     print(f"{'figure':28} {'snapshot':>10} {'git status':>11} {'ratio':>7} {'cp -al':>9} {'ratio':>7}")
     for label, value, status_s, cp_s in rows:
         print(
@@ -179,9 +192,8 @@ def run(work: Path, files: int, mib: int, runs: int) -> None:
         f"\nunchanged tree: existed={existed}, file contents sent on the upload path={sent} bytes, "
         f"files read={read}, store entries written={written}"
     )
-    print(
-        f"10 changed files: contents written or sent per snapshot = {sorted({r.contents_sent for r in changed_results})}"
-    )
+    per_snapshot = sorted({r.contents_sent for r in changed_results})
+    print(f"10 changed files: contents written or sent per snapshot = {per_snapshot}")
 
 
 if __name__ == "__main__":

@@ -118,19 +118,20 @@ def validate_path(path: str) -> None:
         raise InvalidArgument("empty path in the file list")
     if "\0" in path:
         raise InvalidArgument(f"path {path!r} contains a NUL byte")
-    if path.startswith("/"):
+    if path[0] == "/":
         raise InvalidArgument(f"path {path!r} is absolute: paths are relative to the tree's root")
-    try:
-        encoded = path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgument(f"path {path!r} is not valid UTF-8: rename it") from None
-    if len(encoded) > MAX_PATH_BYTES:
+    if not path.isascii():
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"path {path!r} is not valid UTF-8: rename it") from None
+    if len(path) > MAX_PATH_BYTES // 4 and len(path.encode()) > MAX_PATH_BYTES:
         raise InvalidArgument(f"path {path[:60]!r}… is longer than {MAX_PATH_BYTES} bytes")
-    for part in path.split("/"):
-        if part == "..":
-            raise InvalidArgument(f"path {path!r} contains '..'")
-        if part in ("", "."):
-            raise InvalidArgument(f"path {path!r} has an empty or '.' part: write it normalized")
+    wrapped = f"/{path}/"
+    if "/../" in wrapped:
+        raise InvalidArgument(f"path {path!r} contains '..'")
+    if "//" in wrapped or "/./" in wrapped:
+        raise InvalidArgument(f"path {path!r} has an empty or '.' part: write it normalized")
 
 
 def validate_sha256(sha256: str, path: str) -> None:
@@ -162,17 +163,15 @@ def validate_files(files: Iterable[FileEntry]) -> list[FileEntry]:
         by_path[entry.path] = entry
     folders: set[str] = set()
     for path in by_path:
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            folder = "/".join(parts[:depth])
-            if folder in folders:
-                continue
+        folder = path.rpartition("/")[0]
+        while folder and folder not in folders:
             folders.add(folder)
             other = by_path.get(folder)
             if other is not None and other.is_symlink:
                 raise InvalidArgument(f"path {path!r} leads through the symlink {folder!r}")
             if other is not None:
                 raise InvalidArgument(f"path {folder!r} is listed as a file and is the folder of {path!r}")
+            folder = folder.rpartition("/")[0]
     symlinks = {e.path: e.symlink_target for e in by_path.values() if e.is_symlink}
     for path, target in symlinks.items():
         _check_symlink(path, target, symlinks)

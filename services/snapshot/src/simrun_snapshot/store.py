@@ -42,7 +42,7 @@ class ContentSource(Protocol):
         """Whether this source can place the content with this hash."""
         ...
 
-    def place(self, entry: FileEntry, dest: Path) -> None:
+    def place(self, entry: FileEntry, dest: str) -> None:
         """Creates `dest` with the content of `entry`, verified against its announced hash."""
         ...
 
@@ -56,7 +56,7 @@ class LocalFiles:
     def has(self, sha256: str) -> bool:
         return True
 
-    def place(self, entry: FileEntry, dest: Path) -> None:
+    def place(self, entry: FileEntry, dest: str) -> None:
         source = self.root / entry.path
         try:
             fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
@@ -83,7 +83,7 @@ class StagedContents:
     def has(self, sha256: str) -> bool:
         return sha256 in self.received
 
-    def place(self, entry: FileEntry, dest: Path) -> None:
+    def place(self, entry: FileEntry, dest: str) -> None:
         os.rename(self.stage / entry.sha256, dest)
         self.received.discard(entry.sha256)
 
@@ -92,13 +92,13 @@ class StagedContents:
 class _Contents:
     """The regular files of a stored snapshot by (sha256, executable): what a new one can hard-link."""
 
-    by_key: dict[tuple[str, bool], Path] = field(default_factory=dict)
+    by_key: dict[tuple[str, bool], str] = field(default_factory=dict)
 
     @property
     def hashes(self) -> set[str]:
         return {sha for sha, _ in self.by_key}
 
-    def find(self, sha256: str, executable: bool) -> Path | None:
+    def find(self, sha256: str, executable: bool) -> str | None:
         return self.by_key.get((sha256, executable)) or self.by_key.get((sha256, not executable))
 
 
@@ -220,14 +220,17 @@ class SnapshotStore:
             previous = self._latest_contents(name)
             others: _Contents | None = None
             placed = _Contents()
-            made = {build}
+            made = {""}
             written = linked = 0
+            base = f"{build}/"
             for entry in entries:
-                dest = build / entry.path
-                if dest.parent not in made:
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    made.update(dest.parent.parents)
-                    made.add(dest.parent)
+                folder = entry.path.rpartition("/")[0]
+                if folder not in made:
+                    os.makedirs(base + folder, exist_ok=True)
+                    while folder not in made:
+                        made.add(folder)
+                        folder = folder.rpartition("/")[0]
+                dest = base + entry.path
                 if entry.is_symlink:
                     os.symlink(entry.symlink_target, dest)
                     continue
@@ -337,9 +340,10 @@ class SnapshotStore:
             return
         executable = set(listing["executable"])
         symlinks = listing["symlinks"]
+        base = f"{folder}/"
         for path, sha256 in listing["files"].items():
             if path not in symlinks:
-                into.by_key.setdefault((sha256, path in executable), folder / path)
+                into.by_key.setdefault((sha256, path in executable), base + path)
 
     def _latest_contents(self, name: str) -> _Contents:
         contents = _Contents()
@@ -355,7 +359,7 @@ class SnapshotStore:
         return contents
 
 
-def _link(source: Path, dest: Path) -> bool:
+def _link(source: str, dest: str) -> bool:
     """Hard-links `dest` to `source`; False where the file system refuses (too many links, another owner)."""
     try:
         os.link(source, dest)
