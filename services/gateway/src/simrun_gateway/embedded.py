@@ -74,8 +74,12 @@ class EmbeddedServer:
             closer()
 
 
-def start_embedded(config: ServerConfig) -> EmbeddedServer:
+def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> EmbeddedServer:
     """Starts the gateway with every service not given an address in `config.services` served in process.
+
+    Args:
+        config: the server's configuration.
+        drive_runs: start the tracker's driver; off, runs are recorded and not run (the SubmitRun benchmark).
 
     Raises:
         InvalidArgument: a bad tokens file.
@@ -122,7 +126,7 @@ def start_embedded(config: ServerConfig) -> EmbeddedServer:
     server = build_server(
         config.address, registrations, names, tokens=tokens, translate={PlanError: FailedPrecondition}
     ).start()
-    if tracker is not None:
+    if tracker is not None and drive_runs:
         tracker.start()
     return EmbeddedServer(server, config, token, tracker, learner, closers)
 
