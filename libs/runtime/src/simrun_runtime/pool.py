@@ -129,13 +129,14 @@ class UnitPool:
         events: list[UnitResult | ProcessDied] = []
         for member in busy:
             broken = False
-            try:
-                while member.units and member.conn.poll():
+            # One message per ready pipe: a second one is found by the next wait, sparing a poll per unit.
+            if member.conn in ready:
+                try:
                     result: UnitResult = member.conn.recv()
                     member.units.remove(result.index)
                     events.append(result)
-            except (EOFError, OSError):
-                broken = True
+                except (EOFError, OSError):
+                    broken = True
             if member.units and (broken or member.process.sentinel in ready):
                 member.process.join(timeout=1.0)
                 if not member.process.is_alive():
