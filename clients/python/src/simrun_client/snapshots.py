@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any, BinaryIO
 
 import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
-from simrun_core.errors import SimrunError
+from simrun_core.errors import NotFound, SimrunError
 from simrun_snapshot import convert
 from simrun_snapshot.model import Snapshot, sanitize_name, validate_name
 from simrun_snapshot.store import LocalFiles, SnapshotStore
@@ -96,6 +97,14 @@ def upload_snapshot(
     stub = target if isinstance(target, snapshot_pb2_grpc.SnapshotServiceStub) else _stub(target)
     scan = scan_tree(tree, cache_dir)
     name = validate_name(name or default_name(scan.root))
+    # A snapshot is named by its content: when the service has this one, asking by id is all it takes.
+    try:
+        found = call(stub.GetSnapshot, snapshot_pb2.GetSnapshotRequest(name=name, snapshot_id=scan.snapshot_id))
+    except NotFound:
+        pass
+    else:
+        snapshot = dataclasses.replace(convert.snapshot_from_proto(found.snapshot), provenance=scan.provenance)
+        return SnapshotResult(snapshot, True, scan.files_read, 0, 0)
     files = [convert.file_to_proto(e) for e in scan.files]
     missing = set(
         call(stub.FindMissingContents, snapshot_pb2.FindMissingContentsRequest(name=name, files=files)).missing_sha256
