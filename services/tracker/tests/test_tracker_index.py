@@ -1,0 +1,141 @@
+"""The SQLite index of runs: rebuilt from the run records, filtered, newest first."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord
+from simrun_tracker.index import RunIndex, row_from_record
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+ALICE = Identity(name="alice", kind="owner", priority="owner")
+BOB = Identity(name="bob", kind="person", priority="standard")
+BOB_AGENT = Identity(name="bob-agent", kind="agent", on_behalf_of="bob", priority="agent")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> StoreLayout:
+    return StoreLayout(tmp_path / "store")
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[RunIndex]:
+    index = RunIndex(tmp_path / "index" / "runs.sqlite")
+    yield index
+    index.close()
+
+
+def save(
+    store: StoreLayout,
+    run_id: str,
+    identity: Identity,
+    minutes: int,
+    *,
+    group: str = "default",
+    state: RunState = RunState.RUNNING,
+    reservation: str | None = None,
+) -> RunRecord:
+    record = RunRecord(
+        run_id=run_id,
+        group=group,
+        workflow={"name": f"wf-{run_id}", "tasks": {"scan": {"type": "m:Scan"}}},
+        identity=identity,
+        state=state,
+        tasks={"scan": TaskRecord(task_id="scan", type="m:Scan")},
+        reservation=reservation,
+        created_at=T0 + timedelta(minutes=minutes),
+    )
+    record.save(store.run(run_id))
+    return record
+
+
+def ids(rows: list) -> list[str]:
+    return [row.run_id for row in rows]
+
+
+def test_rebuild_reads_every_record_into_rows(store: StoreLayout, index: RunIndex) -> None:
+    save(store, "r1", ALICE, 1, group="paper", state=RunState.SUCCEEDED, reservation="big")
+    save(store, "r2", BOB_AGENT, 2, reservation="big")
+    (store.runs / "not-a-run").mkdir()  # no run.json: skipped
+    summary = store.run("r1").task("scan").summary
+    summary.parent.mkdir(parents=True)
+    summary.write_text(json.dumps({"points": 8}))
+
+    records = index.rebuild(store)
+
+    assert sorted(r.run_id for r in records) == ["r1", "r2"]
+    r2, r1 = index.list()
+    assert (r1.owner, r1.agent, r1.group, r1.workflow, r1.state) == ("alice", None, "paper", "wf-r1", "succeeded")
+    assert (r2.owner, r2.agent, r2.group) == ("bob", "bob-agent", "default")
+    assert json.loads(r1.summary) == {"scan": {"points": 8}}
+    assert json.loads(r2.summary) == {}
+    # A reservation is pending release until its run ends.
+    assert (r1.pending_release, r2.pending_release) == (False, True)
+
+
+def test_an_empty_store_gives_an_empty_index(store: StoreLayout, index: RunIndex) -> None:
+    assert index.rebuild(store) == []
+    assert index.list() == []
+
+
+def test_list_is_newest_first(store: StoreLayout, index: RunIndex) -> None:
+    save(store, "b", ALICE, 2)
+    save(store, "a", ALICE, 3)
+    save(store, "c", ALICE, 1)
+    index.rebuild(store)
+    assert ids(index.list()) == ["a", "b", "c"]
+
+
+def test_filters(store: StoreLayout, index: RunIndex) -> None:
+    save(store, "r1", ALICE, 1, group="paper", state=RunState.SUCCEEDED)
+    save(store, "r2", BOB, 2, group="paper")
+    save(store, "r3", BOB_AGENT, 3, group="scratch")
+    save(store, "r4", BOB_AGENT, 4, group="paper", state=RunState.FAILED)
+    index.rebuild(store)
+    assert ids(index.list(group="paper")) == ["r4", "r2", "r1"]
+    assert ids(index.list(state="running")) == ["r3", "r2"]
+    assert ids(index.list(owner="alice")) == ["r1"]
+    # The person matches the runs of their agent; the agent only its own.
+    assert ids(index.list(owner="bob")) == ["r4", "r3", "r2"]
+    assert ids(index.list(owner="bob-agent")) == ["r4", "r3"]
+    assert ids(index.list(group="paper", state="running", owner="bob")) == ["r2"]
+    assert index.list(group="nope") == []
+
+
+def test_rebuild_replaces_the_old_rows(store: StoreLayout, index: RunIndex) -> None:
+    save(store, "r1", ALICE, 1)
+    save(store, "r2", BOB, 2)
+    index.rebuild(store)
+    shutil.rmtree(store.run("r1").root)
+    save(store, "r2", BOB, 2, state=RunState.CANCELLED)
+    save(store, "r3", BOB, 3)
+    index.rebuild(store)
+    assert [(row.run_id, row.state) for row in index.list()] == [("r3", "running"), ("r2", "cancelled")]
+
+
+def test_put_adds_or_replaces_a_row(store: StoreLayout, index: RunIndex) -> None:
+    record = save(store, "r1", ALICE, 1)
+    index.put(row_from_record(record, {}))
+    record.state = RunState.SUCCEEDED
+    index.put(row_from_record(record, {"scan": {"points": 1}}))
+    (row,) = index.list()
+    assert (row.run_id, row.state, json.loads(row.summary)) == ("r1", "succeeded", {"scan": {"points": 1}})
+
+
+def test_the_index_survives_a_reopen(tmp_path: Path, store: StoreLayout) -> None:
+    path = tmp_path / "runs.sqlite"
+    first = RunIndex(path)
+    save(store, "r1", ALICE, 1)
+    first.rebuild(store)
+    first.close()
+    second = RunIndex(path)
+    try:
+        assert ids(second.list()) == ["r1"]
+    finally:
+        second.close()
