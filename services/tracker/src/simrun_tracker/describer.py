@@ -83,6 +83,8 @@ class SubprocessDescriber:
             if process is not None and process.proc.poll() is None:
                 self._processes.move_to_end(key)
                 return process
+            if process is not None:
+                _stop(process.proc)  # exited: close its pipes before replacing it
             interpreter, model_root = key
             env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen(
@@ -117,10 +119,10 @@ class SubprocessDescriber:
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.stdin:  # closed even when the process has exited, so its pipe is not leaked
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
     if proc.poll() is None:
-        if proc.stdin:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
         try:
             proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
