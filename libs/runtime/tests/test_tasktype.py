@@ -155,3 +155,21 @@ def test_describe_refuses_a_malformed_request() -> None:
     )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("simrun-describe: error: stdin is not a describe request")
+
+
+def test_describe_serve_answers_one_line_per_line_until_stdin_closes() -> None:
+    scan = {"type": "simrun_toymodel:Scan", "model_root": str(MODEL_ROOT), "settings": {"points": 3}}
+    lines = [json.dumps([scan]), "not json", json.dumps([scan | {"settings": {"pionts": 3}}])]
+    done = subprocess.run(
+        [sys.executable, "-m", "simrun_runtime.describe", "--serve"],
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(answers) == 3
+    assert answers[0][0]["description"]["units"] == 3
+    assert answers[1][0]["ok"] is False and "not a describe request" in answers[1][0]["error"]
+    assert answers[2][0]["description"]["settings_errors"] == ["unknown setting 'pionts' (did you mean 'points'?)"]
