@@ -37,7 +37,7 @@ from simrun_runtime.record import (
 from simrun_tracker.describer import TypeDescriber
 from simrun_tracker.executor import Executor, PodPhase, PodStatus
 from simrun_tracker.index import RunIndex, row_from_record, task_summaries
-from simrun_tracker.pods import task_pods
+from simrun_tracker.pods import MERGE_WORKER, coordinator_merges, merge_pod, task_pods
 from simrun_tracker.ports import EnvironmentPort, LearnerPort
 from simrun_tracker.submission import PlannedTask, check_snapshots, describe_tasks, plan_tasks, reserving
 
@@ -431,6 +431,8 @@ class RunTracker:
             elif run.task(task.task_id).merge_marker.exists():
                 self.executor.stop_pods(record.run_id, task.task_id)
                 self._end_task(record, task, TaskState.SUCCEEDED, "")
+            elif not coordinator_merges(task):
+                self._follow_merge_pod(record, task, pods, run)
             else:
                 seen = self._merge_seen.setdefault((record.run_id, task.task_id), time.monotonic())
                 if time.monotonic() - seen > self.merge_wait_s:
@@ -443,6 +445,17 @@ class RunTracker:
         elif first.phase == PodPhase.FAILED:
             self._end_task(record, task, TaskState.FAILED, first.message or f"exit code {first.exit_code}")
         return (task.state, task.message) != before
+
+    def _follow_merge_pod(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus], run: RunLayout) -> None:
+        """A plan recorded before the coordinator merged: the merge pod runs once the coordinator succeeded."""
+        merge = next((p for p in pods if p.spec.worker == MERGE_WORKER), None)
+        if merge is None:
+            interpreter = record.environment or self.environments.interpreter(record)
+            self.executor.start_pods([merge_pod(run, record, task, interpreter, self.grace_s)])
+        elif merge.phase == PodPhase.FAILED:
+            self._end_task(record, task, TaskState.FAILED, f"the merge failed: {merge.message}")
+        elif merge.phase == PodPhase.SUCCEEDED:
+            self._end_task(record, task, TaskState.FAILED, "the merge pod succeeded but wrote no merge marker")
 
     def _record_memory_kills(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> bool:
         changed = False
