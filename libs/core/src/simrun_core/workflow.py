@@ -101,9 +101,7 @@ def parse_workflow(text: str, source: str = "workflow") -> Workflow:
                 )
             ref = InputRef(match["task"], match["port"])
             if ref.task not in spec.tasks:
-                raise InvalidArgument(
-                    f"{source}: tasks.{task_id}.inputs.{port}: no task {ref.task!r} in the workflow"
-                )
+                raise InvalidArgument(f"{source}: tasks.{task_id}.inputs.{port}: no task {ref.task!r} in the workflow")
             if ref.task == task_id:
                 raise InvalidArgument(f"{source}: tasks.{task_id}.inputs.{port}: a task cannot read itself")
             refs[port] = ref

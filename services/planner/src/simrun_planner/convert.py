@@ -5,28 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from simrun.v1 import common_pb2
-from simrun_core.errors import InvalidArgument
-from simrun_core.identity import Priority
-from simrun_core.resources import ResolutionRule, ResolvedResources, SplitMode
+from simrun_core import messages
+from simrun_core.messages import priority_from_proto, resources_from_proto
+from simrun_core.resources import SplitMode
 
 from simrun_planner.planning import POD_START_S, Node, PodShape, TaskPlan
-
-_PRIORITIES = {
-    common_pb2.PRIORITY_OWNER: Priority.OWNER,
-    common_pb2.PRIORITY_STANDARD: Priority.STANDARD,
-    common_pb2.PRIORITY_AGENT: Priority.AGENT,
-}
-_MODES = {
-    common_pb2.SPLIT_MODE_UNSPECIFIED: SplitMode.FASTEST,
-    common_pb2.SPLIT_MODE_FASTEST: SplitMode.FASTEST,
-    common_pb2.SPLIT_MODE_SINGLE_SERVER: SplitMode.SINGLE_SERVER,
-}
-_RULES = {
-    common_pb2.RESOLUTION_RULE_UNSPECIFIED: ResolutionRule.HINT,
-    common_pb2.RESOLUTION_RULE_HINT: ResolutionRule.HINT,
-    common_pb2.RESOLUTION_RULE_PERCENTILE: ResolutionRule.PERCENTILE,
-    common_pb2.RESOLUTION_RULE_OOM_FLOOR: ResolutionRule.OOM_FLOOR,
-}
 
 
 @dataclass(frozen=True)
@@ -34,20 +17,6 @@ class TaskRef:
     """A task as the planner reads it from a request: its id."""
 
     id: str
-
-
-def resources_from_proto(message: common_pb2.ResolvedResources) -> ResolvedResources:
-    """The domain resources of a message; unset cores per process are 1, an unset rule is the hint's."""
-    return ResolvedResources(
-        base_memory_gb=message.base_memory_gb,
-        per_worker_gb=message.per_worker_gb,
-        cores_per_process=message.cores_per_process or 1,
-        gpus=message.gpus,
-        scratch_gb=message.scratch_gb,
-        unit_seconds=message.unit_seconds if message.HasField("unit_seconds") else None,
-        rule=_RULES.get(message.rule, ResolutionRule.HINT),
-        reason=message.reason,
-    )
 
 
 def node_from_proto(message: common_pb2.Node) -> Node:
@@ -75,18 +44,7 @@ def max_processes_from_proto(value: int) -> int | None:
 
 def mode_from_proto(value: int) -> SplitMode:
     """An unset mode is the default, fastest."""
-    try:
-        return _MODES[value]
-    except KeyError:
-        raise InvalidArgument(f"unknown split mode {value}") from None
-
-
-def priority_from_proto(value: int) -> Priority:
-    """A run's priority; the gateway fills it in, so an unset one is refused."""
-    try:
-        return _PRIORITIES[value]
-    except KeyError:
-        raise InvalidArgument(f"priority must be owner, standard or agent, got {value}") from None
+    return messages.mode_from_proto(value) or SplitMode.FASTEST
 
 
 def pod_start_from_proto(value: float) -> float:
@@ -121,3 +79,16 @@ def plan_to_proto(plan: TaskPlan) -> common_pb2.TaskPlan:
     if plan.units is not None:
         message.units = plan.units
     return message
+
+
+__all__ = [
+    "max_processes_from_proto",
+    "mode_from_proto",
+    "node_from_proto",
+    "nodes_from_proto",
+    "plan_to_proto",
+    "pod_start_from_proto",
+    "priority_from_proto",
+    "resources_from_proto",
+    "shape_to_proto",
+]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from datetime import datetime
 from typing import Any
@@ -11,8 +10,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from simrun.v1 import common_pb2, tracker_pb2
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import Priority
-from simrun_core.resources import ResolutionRule, SplitMode
-from simrun_planner import Node
+from simrun_core.messages import PRIORITY_TO_PROTO, mode_from_proto, resources_to_proto
+from simrun_core.resources import ResolvedResources
+from simrun_planner import Node, PodShape, TaskPlan
+from simrun_planner.convert import plan_to_proto
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Provenance, RunRecord, RunState, SnapshotRef, TaskState
 
@@ -20,24 +21,9 @@ from simrun_tracker.tracker import Comparison, Submission, TaskEstimate, TaskPro
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-PRIORITY_TO_PROTO = {
-    Priority.OWNER: common_pb2.PRIORITY_OWNER,
-    Priority.STANDARD: common_pb2.PRIORITY_STANDARD,
-    Priority.AGENT: common_pb2.PRIORITY_AGENT,
-}
-MODE_FROM_PROTO = {
-    common_pb2.SPLIT_MODE_UNSPECIFIED: None,
-    common_pb2.SPLIT_MODE_FASTEST: SplitMode.FASTEST,
-    common_pb2.SPLIT_MODE_SINGLE_SERVER: SplitMode.SINGLE_SERVER,
-}
 RUN_STATE_TO_PROTO = {state: common_pb2.RunState.Value(f"RUN_STATE_{state.name}") for state in RunState}
 RUN_STATE_FROM_PROTO = {value: state for state, value in RUN_STATE_TO_PROTO.items()}
 TASK_STATE_TO_PROTO = {state: common_pb2.TaskState.Value(f"TASK_STATE_{state.name}") for state in TaskState}
-RULE_TO_PROTO = {
-    ResolutionRule.HINT: common_pb2.RESOLUTION_RULE_HINT,
-    ResolutionRule.PERCENTILE: common_pb2.RESOLUTION_RULE_PERCENTILE,
-    ResolutionRule.OOM_FLOOR: common_pb2.RESOLUTION_RULE_OOM_FLOOR,
-}
 
 
 def timestamp(value: datetime | None) -> Timestamp | None:
@@ -73,52 +59,21 @@ def submission(store: StoreLayout, request: tracker_pb2.SubmitRunRequest) -> Sub
         workflow=request.workflow,
         snapshots=snapshot_refs(store, request.snapshots),
         group=request.group,
-        mode=MODE_FROM_PROTO[request.mode],
+        mode=mode_from_proto(request.mode),
         reserve=request.reserve,
     )
 
 
 def resources_message(resources: dict[str, Any] | None) -> common_pb2.ResolvedResources | None:
-    if not resources:
-        return None
-    message = common_pb2.ResolvedResources(
-        base_memory_gb=resources["base_memory_gb"],
-        per_worker_gb=resources["per_worker_gb"],
-        cores_per_process=resources["cores_per_process"],
-        gpus=resources["gpus"],
-        scratch_gb=resources["scratch_gb"],
-        rule=RULE_TO_PROTO[ResolutionRule(resources["rule"])],
-        reason=resources.get("reason", ""),
-    )
-    if resources.get("unit_seconds") is not None:
-        message.unit_seconds = resources["unit_seconds"]
-    return message
+    """The message of a task's recorded resources."""
+    return resources_to_proto(ResolvedResources(**resources)) if resources else None
 
 
 def plan_message(plan: dict[str, Any] | None) -> common_pb2.TaskPlan | None:
+    """The message of a task's recorded plan."""
     if not plan:
         return None
-    shape = plan["shape"]
-    message = common_pb2.TaskPlan(
-        task_id=plan["task_id"],
-        pods=plan["pods"],
-        shape=common_pb2.PodShape(
-            cores=shape["cores"],
-            memory_gb=shape["memory_gb"],
-            processes=shape["processes"],
-            per_worker_gb=shape["per_worker_gb"],
-            retry_memory_gb=shape["retry_memory_gb"],
-            retry_per_worker_gb=shape["retry_per_worker_gb"],
-            scratch_gb=shape["scratch_gb"],
-            gpus=shape["gpus"],
-        ),
-        base_priority=plan["base_priority"],
-        extra_priority=plan["extra_priority"],
-        coordinator_merges=plan.get("coordinator_merges", False),
-    )
-    if plan.get("units") is not None:
-        message.units = plan["units"]
-    return message
+    return plan_to_proto(TaskPlan(**{**plan, "shape": PodShape(**plan["shape"])}))
 
 
 def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -> common_pb2.Run:
@@ -220,8 +175,8 @@ def estimate_message(estimates: list[TaskEstimate]) -> tracker_pb2.EstimateRunRe
     response = tracker_pb2.EstimateRunResponse()
     for estimate in estimates:
         task = response.tasks.add(task_id=estimate.planned.task_id)
-        task.plan.CopyFrom(plan_message(dataclasses.asdict(estimate.planned.plan)))
-        task.resources.CopyFrom(resources_message(dataclasses.asdict(estimate.planned.resources)))
+        task.plan.CopyFrom(plan_to_proto(estimate.planned.plan))
+        task.resources.CopyFrom(resources_to_proto(estimate.planned.resources))
         if estimate.seconds is not None:
             task.seconds = estimate.seconds
     return response

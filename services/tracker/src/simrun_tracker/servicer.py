@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import grpc
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
+from simrun_core.messages import mode_from_proto
 from simrun_core.paging import page
 from simrun_core.rpc.auth import current_identity
 
@@ -73,7 +74,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     ) -> tracker_pb2.EstimateRunResponse:
         snapshots = convert.snapshot_refs(self.tracker.store, request.snapshots)
         estimates = self.tracker.estimate(
-            request.workflow, snapshots, current_identity(), convert.MODE_FROM_PROTO[request.mode]
+            request.workflow, snapshots, current_identity(), mode_from_proto(request.mode)
         )
         return convert.estimate_message(estimates)
 
