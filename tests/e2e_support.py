@@ -23,12 +23,14 @@ TOKENS = {
 }
 
 
-def git_repo(source: Path, dest: Path) -> Path:
-    """A git working tree at `dest` holding a copy of `source`, committed."""
-    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+def git_repo(source: Path, dest: Path, files: dict[str, str] | None = None) -> Path:
+    """A git working tree at `dest` holding a copy of `source` (plus `files`, path -> text), committed once."""
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", ".venv", "tests"))
+    for path, text in (files or {}).items():
+        (dest / path).write_text(text)
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "model"]):
-        subprocess.run(["git", *args], cwd=dest, check=True, env={**env, "PATH": "/usr/bin:/bin"})
+        subprocess.run(["git", *args], cwd=dest, check=True, capture_output=True, env={**env, "PATH": "/usr/bin:/bin"})
     return dest
 
 

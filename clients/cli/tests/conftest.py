@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from e2e_support import EXAMPLE, git_repo
 from simrun_cli.main import cli
 from simrun_core.config import ServerConfig
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "montecarlo"
 SLOW_WORKFLOW = """\
 name: slow
 tasks:
@@ -25,16 +23,7 @@ tasks:
 
 def copy_example(dest: Path) -> Path:
     """The montecarlo example as its own git repository (one commit), plus `slow.yaml` to cancel."""
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__", "tests", ".venv", ".pytest_cache"))
-    (dest / "slow.yaml").write_text(SLOW_WORKFLOW)
-    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "montecarlo"]):
-        subprocess.run(
-            ["git", "-c", "user.name=simrun test", "-c", "user.email=test@simrun.invalid", *args],
-            cwd=dest,
-            check=True,
-            capture_output=True,
-        )
-    return dest
+    return git_repo(EXAMPLE, dest, {"slow.yaml": SLOW_WORKFLOW})
 
 
 @pytest.fixture(scope="session")

@@ -6,19 +6,18 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from e2e_support import EXAMPLE, git_repo
 from simrun.v1 import common_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, git_toplevel, run_state
 from simrun_core.config import ServerConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated, Unavailable
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "montecarlo"
 SLOW_WORKFLOW = """\
 name: slow
 tasks:
@@ -30,16 +29,7 @@ tasks:
 
 def copy_example(dest: Path) -> Path:
     """The montecarlo example as its own git repository (one commit), plus `slow.yaml` to cancel."""
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__", "tests", ".venv", ".pytest_cache"))
-    (dest / "slow.yaml").write_text(SLOW_WORKFLOW)
-    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "montecarlo"]):
-        subprocess.run(
-            ["git", "-c", "user.name=simrun test", "-c", "user.email=test@simrun.invalid", *args],
-            cwd=dest,
-            check=True,
-            capture_output=True,
-        )
-    return dest
+    return git_repo(EXAMPLE, dest, {"slow.yaml": SLOW_WORKFLOW})
 
 
 @dataclass(frozen=True)
