@@ -180,6 +180,10 @@ class StoreLayout:
     def run(self, run_id: str) -> RunLayout:
         return RunLayout(self.runs / run_id)
 
+    def run_staging(self, run_id: str) -> RunLayout:
+        """A new run written aside in `runs/.staging-<id>/`, renamed to `runs/<id>/` once whole."""
+        return RunLayout(self.runs / f".staging-{run_id}")
+
     @property
     def snapshots(self) -> Path:
         return self.root / "snapshots"

@@ -207,7 +207,7 @@ class RunTracker:
     def _write_new_run(self, record: RunRecord, workflow: Workflow, planned: list[PlannedTask]) -> None:
         """Writes `runs/<id>/` aside and renames it into place, so a run appears whole or not at all."""
         final = self.store.run(record.run_id)
-        staging = RunLayout(self.store.runs / f".staging-{record.run_id}")
+        staging = self.store.run_staging(record.run_id)
         provenance = {
             "run_id": record.run_id,
             "snapshots": [s.model_dump(mode="json") for s in record.snapshots],
