@@ -139,3 +139,11 @@ def test_the_index_survives_a_reopen(tmp_path: Path, store: StoreLayout) -> None
         assert ids(second.list()) == ["r1"]
     finally:
         second.close()
+
+
+def test_rebuild_skips_a_run_left_in_staging(store: StoreLayout, index: RunIndex) -> None:
+    save(store, "r1", ALICE, 0)
+    save(store, "r2", ALICE, 1)
+    store.run("r2").root.rename(store.run_staging("r2").root)  # a submission that stopped before its rename
+    assert [r.run_id for r in index.rebuild(store)] == ["r1"]
+    assert ids(index.list()) == ["r1"]

@@ -89,7 +89,8 @@ class RunIndex:
         if store.runs.is_dir():
             for run_dir in sorted(store.runs.iterdir()):
                 layout = store.run(run_dir.name)
-                if not layout.record.is_file():
+                # `.staging-<id>/` is a run whose submission never finished: it has no place in the store.
+                if run_dir.name.startswith(".") or not layout.record.is_file():
                     continue
                 records.append(RunRecord.load(layout))
         with Session(self._engine) as session:
