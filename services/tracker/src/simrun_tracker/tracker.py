@@ -193,16 +193,17 @@ class RunTracker:
         )
         if reserve:
             self.executor.reserve(reserve, run_id)
-        try:
-            self._write_new_run(record, workflow, planned)
-        except BaseException:
-            if reserve:
-                self.executor.release(run_id)
-            raise
+        # Under the lock: once `runs/<id>/` is in place, `get` and `cancel` must find the run active.
         with self._lock:
+            try:
+                self._write_new_run(record, workflow, planned)
+            except BaseException:
+                if reserve:
+                    self.executor.release(run_id)
+                raise
             self._active[run_id] = record
             self.index.put(row_from_record(record, {}))
-        return record
+            return record.model_copy(deep=True)
 
     def _write_new_run(self, record: RunRecord, workflow: Workflow, planned: list[PlannedTask]) -> None:
         """Writes `runs/<id>/` aside and renames it into place, so a run appears whole or not at all."""
