@@ -9,8 +9,8 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from simrun.v1 import common_pb2, tracker_pb2
 from simrun_core.errors import InvalidArgument
-from simrun_core.identity import Priority
-from simrun_core.messages import PRIORITY_TO_PROTO, mode_from_proto, resources_to_proto
+from simrun_core.identity import Identity, IdentityKind, Priority
+from simrun_core.messages import identity_to_proto, mode_from_proto, resources_to_proto
 from simrun_core.resources import ResolvedResources
 from simrun_planner import Node, PodShape, TaskPlan
 from simrun_planner.convert import plan_to_proto
@@ -82,11 +82,8 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
     run = common_pb2.Run(
         run_id=record.run_id,
         group=record.group,
-        identity=common_pb2.Identity(
-            name=identity.name,
-            kind=identity.kind,
-            on_behalf_of=identity.on_behalf_of or "",
-            priority=PRIORITY_TO_PROTO[Priority(identity.priority)],
+        identity=identity_to_proto(
+            Identity(identity.name, IdentityKind(identity.kind), Priority(identity.priority), identity.on_behalf_of)
         ),
         state=RUN_STATE_TO_PROTO[record.state],
         reservation=record.reservation or "",
