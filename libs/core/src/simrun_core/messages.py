@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from simrun.v1 import common_pb2
+from simrun_runtime.record import Provenance
 
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import Identity, Priority
@@ -81,4 +82,24 @@ def identity_to_proto(identity: Identity) -> common_pb2.Identity:
         kind=identity.kind.value,
         on_behalf_of=identity.on_behalf_of or "",
         priority=PRIORITY_TO_PROTO[identity.priority],
+    )
+
+
+def provenance_from_proto(message: common_pb2.Provenance) -> Provenance:
+    """The provenance of a snapshot's sources from its message; empty strings are unknown."""
+    return Provenance(
+        branch=message.branch or None,
+        commit=message.commit or None,
+        changed_files=list(message.changed_files),
+        dirty=message.dirty,
+    )
+
+
+def provenance_to_proto(provenance: Provenance) -> common_pb2.Provenance:
+    """The message of a snapshot's provenance."""
+    return common_pb2.Provenance(
+        branch=provenance.branch or "",
+        commit=provenance.commit or "",
+        changed_files=provenance.changed_files,
+        dirty=provenance.dirty,
     )

@@ -9,6 +9,7 @@ from datetime import UTC
 from google.protobuf.timestamp_pb2 import Timestamp
 from simrun.v1 import common_pb2, snapshot_pb2
 from simrun_core.errors import InvalidArgument
+from simrun_core.messages import provenance_from_proto, provenance_to_proto
 from simrun_runtime.record import Provenance
 
 from simrun_snapshot.model import FileEntry, Snapshot
@@ -29,24 +30,6 @@ def file_to_proto(entry: FileEntry) -> common_pb2.FileEntry:
         size=entry.size,
         executable=entry.executable,
         symlink_target=entry.symlink_target,
-    )
-
-
-def provenance_from_proto(message: common_pb2.Provenance) -> Provenance:
-    return Provenance(
-        branch=message.branch or None,
-        commit=message.commit or None,
-        changed_files=list(message.changed_files),
-        dirty=message.dirty,
-    )
-
-
-def provenance_to_proto(provenance: Provenance) -> common_pb2.Provenance:
-    return common_pb2.Provenance(
-        branch=provenance.branch or "",
-        commit=provenance.commit or "",
-        changed_files=provenance.changed_files,
-        dirty=provenance.dirty,
     )
 
 

@@ -10,12 +10,18 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from simrun.v1 import common_pb2, tracker_pb2
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import Identity, IdentityKind, Priority
-from simrun_core.messages import identity_to_proto, mode_from_proto, resources_to_proto
+from simrun_core.messages import (
+    identity_to_proto,
+    mode_from_proto,
+    provenance_from_proto,
+    provenance_to_proto,
+    resources_to_proto,
+)
 from simrun_core.resources import ResolvedResources
 from simrun_planner import Node, PodShape, TaskPlan
 from simrun_planner.convert import plan_to_proto
 from simrun_runtime.layout import StoreLayout
-from simrun_runtime.record import Provenance, RunRecord, RunState, SnapshotRef, TaskState
+from simrun_runtime.record import RunRecord, RunState, SnapshotRef, TaskState
 
 from simrun_tracker.tracker import Comparison, Submission, TaskEstimate, TaskProgress
 
@@ -42,12 +48,7 @@ def snapshot_refs(store: StoreLayout, snapshots: Any) -> list[SnapshotRef]:
             if not _SAFE_NAME.match(value):
                 raise InvalidArgument(f"snapshot {field} {value!r} must be letters, digits, '.', '_' or '-'")
         path = store.snapshot(snapshot.name, snapshot.snapshot_id).relative_to(store.root)
-        provenance = Provenance(
-            branch=snapshot.provenance.branch or None,
-            commit=snapshot.provenance.commit or None,
-            changed_files=list(snapshot.provenance.changed_files),
-            dirty=snapshot.provenance.dirty,
-        )
+        provenance = provenance_from_proto(snapshot.provenance)
         refs.append(
             SnapshotRef(name=snapshot.name, snapshot_id=snapshot.snapshot_id, path=str(path), provenance=provenance)
         )
@@ -112,12 +113,7 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
             name=snapshot.name,
             snapshot_id=snapshot.snapshot_id,
             path=snapshot.path,
-            provenance=common_pb2.Provenance(
-                branch=snapshot.provenance.branch or "",
-                commit=snapshot.provenance.commit or "",
-                changed_files=snapshot.provenance.changed_files,
-                dirty=snapshot.provenance.dirty,
-            ),
+            provenance=provenance_to_proto(snapshot.provenance),
         )
     for kill in record.oom_kills:
         run.oom_kills.add(
