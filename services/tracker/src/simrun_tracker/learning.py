@@ -54,6 +54,9 @@ class InProcessLearner:
         except FailedPrecondition:
             return None
 
+    def close(self) -> None:
+        """Nothing to release: the learner is closed by whoever made it."""
+
 
 class GrpcLearner:
     """Calls the resource learner service at an address: the learner port of a tracker that runs alone.

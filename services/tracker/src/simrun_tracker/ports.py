@@ -25,6 +25,10 @@ class LearnerPort(Protocol):
         """Seconds of a split task from its units' learned seconds; None when nothing is learned."""
         ...
 
+    def close(self) -> None:
+        """Releases what the port holds (a channel); the learner itself belongs to whoever made it."""
+        ...
+
 
 class EnvironmentPort(Protocol):
     """Finds the interpreter a run's pods and type descriptions use: the seam of the environment builder."""

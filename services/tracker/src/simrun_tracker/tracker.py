@@ -135,6 +135,7 @@ class RunTracker:
             self._thread.join(timeout=10)
         self.executor.close()
         self.describer.close()
+        self.learner.close()
         self.index.close()
 
     # --- submission ------------------------------------------------------------------------------------------

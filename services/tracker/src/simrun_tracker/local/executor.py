@@ -317,7 +317,8 @@ class LocalExecutor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-        except OSError as exc:
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # A pod that cannot be started fails rather than staying "running" with no process.
             if pod.cgroup is not None:
                 pod.cgroup.remove()
                 pod.cgroup = None
