@@ -118,6 +118,30 @@ class ProgressLog:
         os.close(self._fd)
 
 
+class ProgressReader:
+    """Follows a `progress.jsonl` from where it last read: the distinct units done so far, each line read once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._units: set[int] = set()
+
+    def units_done(self) -> int:
+        """Distinct units in the file now (a unit computed twice has two lines)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return len(self._units)
+        complete = data.rfind(b"\n") + 1  # a line still being written is read next time
+        for line in data[:complete].splitlines():
+            if line.strip():
+                self._units.add(ProgressLine.model_validate_json(line).unit)
+        self._offset += complete
+        return len(self._units)
+
+
 def read_progress(path: Path) -> list[ProgressLine]:
     if not path.exists():
         return []

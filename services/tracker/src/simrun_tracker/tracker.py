@@ -33,6 +33,7 @@ from simrun_runtime.record import (
     TaskRecord,
     TaskState,
 )
+from simrun_runtime.reports import ProgressReader
 
 from simrun_tracker.describer import TypeDescriber
 from simrun_tracker.executor import Executor, PodPhase, PodStatus
@@ -114,6 +115,8 @@ class RunTracker:
         self._lock = threading.RLock()
         self._active: dict[str, RunRecord] = {}
         self._merge_seen: dict[tuple[str, str], float] = {}
+        self._progress: dict[tuple[str, str], ProgressReader] = {}
+        self._progress_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         for record in self.index.rebuild(store):
@@ -258,15 +261,20 @@ class RunTracker:
         return [row.run_id for row in self.index.list(group, state, owner)]
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
+        """Units done per task, from each task's `progress.jsonl` (read on from where the last call stopped)."""
         run = self.store.run(record.run_id)
         result = []
         for task in record.tasks.values():
             done = 0
             if task.split:
-                done_dir = run.task(task.task_id).units.done
-                if done_dir.is_dir():
-                    with os.scandir(done_dir) as entries:
-                        done = sum(1 for _ in entries)
+                key = (record.run_id, task.task_id)
+                with self._progress_lock:
+                    reader = self._progress.get(key)
+                    if reader is None:
+                        reader = self._progress[key] = ProgressReader(run.task(task.task_id).progress)
+                    done = reader.units_done()
+                    if record.state.final:
+                        del self._progress[key]
             elif task.state == TaskState.SUCCEEDED:
                 done = 1
             result.append(TaskProgress(task.task_id, task.units, done, task.state))
