@@ -380,14 +380,23 @@ class RunTracker:
             with self._lock:
                 run_ids = list(self._active)
             for run_id in run_ids:
-                try:
-                    with self._lock:
-                        record = self._active.get(run_id)
-                        if record is not None:
-                            self._advance(record)
-                except Exception:
-                    log.exception("driving run %s failed", run_id)
+                with self._lock:
+                    record = self._active.get(run_id)
+                    if record is None:
+                        continue
+                    try:
+                        self._advance(record)
+                    except Exception:
+                        log.exception("driving run %s failed; it is tried again on the next tick", run_id)
+                        # What the step changed before it failed is kept, so run.json does not lag behind.
+                        self._save_quietly(record)
             self._stop.wait(self.tick_s)
+
+    def _save_quietly(self, record: RunRecord) -> None:
+        try:
+            self._save(record)
+        except Exception:
+            log.exception("saving run %s failed", record.run_id)
 
     def _advance(self, record: RunRecord) -> None:
         """One step of a run: start the tasks whose inputs are done, follow their pods, end the run."""
