@@ -27,7 +27,6 @@ class PlannedTask:
 
     task_id: str
     description: TypeDescription
-    settings: dict[str, object]
     resources: ResolvedResources
     plan: TaskPlan
     key: ObservationKey
@@ -161,5 +160,5 @@ def plan_tasks(
             )
         except PlanError as exc:
             raise FailedPrecondition(f"task {task_id}: {exc}") from exc
-        planned.append(PlannedTask(task_id, description, dict(description.settings or {}), resources, plan, key))
+        planned.append(PlannedTask(task_id, description, resources, plan, key))
     return planned
