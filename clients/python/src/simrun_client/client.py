@@ -13,8 +13,8 @@ from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tr
 from simrun_core.config import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
 from simrun_core.rpc.errors import to_domain_error
+from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_core.workflow import parse_workflow
-from simrun_snapshot.convert import snapshot_to_proto
 
 from simrun_client.channel import open_channel
 from simrun_client.snapshots import SnapshotResult, snapshot_to_store, upload_snapshot

@@ -11,10 +11,10 @@ from typing import Any, BinaryIO
 import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
 from simrun_core.errors import NotFound, SimrunError
-from simrun_snapshot import convert
-from simrun_snapshot.model import Snapshot, sanitize_name, validate_name
-from simrun_snapshot.store import LocalFiles, SnapshotStore
-from simrun_snapshot.tarball import iter_tar, tar_size
+from simrun_core.snapshots import convert
+from simrun_core.snapshots.model import Snapshot, sanitize_name, validate_name
+from simrun_core.snapshots.store import LocalFiles, SnapshotStore
+from simrun_core.snapshots.tarball import iter_tar, tar_size
 
 from simrun_client.channel import call
 from simrun_client.worktree import TreeScan, scan_tree
