@@ -170,3 +170,19 @@ def test_snapshot_into_a_mounted_store_then_uploaded(
 def test_submit_needs_an_existing_workflow(invoke: Invoke, tmp_path: Path) -> None:
     result = invoke("submit", tmp_path / "missing.yaml")
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+REQUEST_ID_SERVER_SIDE = "the tracker's deduplication of SubmitRun by request id (per identity) has not landed yet"
+
+
+@pytest.mark.xfail(strict=True, reason=REQUEST_ID_SERVER_SIDE)
+def test_submit_with_the_same_request_id_returns_the_first_run(invoke: Invoke, model_repo: Path) -> None:
+    first = invoke("submit", model_repo / "slow.yaml", "--request-id", "cli-retry-1", "--json")
+    second = invoke("submit", model_repo / "slow.yaml", "--request-id", "cli-retry-1", "--json")
+    try:
+        assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+        assert json.loads(second.stdout)["run_id"] == json.loads(first.stdout)["run_id"]
+    finally:
+        for result in (first, second):
+            if result.exit_code == 0:
+                invoke("cancel", json.loads(result.stdout)["run_id"])
