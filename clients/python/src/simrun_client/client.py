@@ -213,6 +213,28 @@ class Client:
                 return runs
             request.page_token = response.next_page_token
 
+    def list_runs_page(
+        self,
+        group: str | None = None,
+        state: str | int | None = None,
+        owner: str | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+    ) -> tracker_pb2.ListRunsResponse:
+        """One page of the runs matching the filters, newest first, with the token of the next page (empty at the end).
+
+        Args:
+            page_token: the `next_page_token` of the previous page; None for the first.
+        """
+        request = tracker_pb2.ListRunsRequest(
+            group=group or "",
+            state=run_state(state) if state is not None else common_pb2.RUN_STATE_UNSPECIFIED,
+            owner=owner or "",
+            page_size=page_size,
+            page_token=page_token or "",
+        )
+        return self._call(self._tracker.ListRuns, request)
+
     def cancel(self, run_id: str) -> common_pb2.Run:
         """Cancels a run and stops its pods; returns the run."""
         return self._call(self._tracker.CancelRun, tracker_pb2.CancelRunRequest(run_id=run_id)).run
