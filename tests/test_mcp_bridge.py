@@ -29,9 +29,9 @@ tasks:
 
 
 @contextlib.asynccontextmanager
-async def agent(server: EmbeddedServer, who: str, roots: list[Path]) -> AsyncIterator[MCPClient]:
+async def agent(server: EmbeddedServer, who: str, roots: list[Path], max_streams: int = 8) -> AsyncIterator[MCPClient]:
     """An MCP session with a bridge that calls `server` with the token of `who`, reading under `roots`."""
-    mcp_server, bridge = connect(server.address, TOKENS[who], roots, call_timeout_s=30)
+    mcp_server, bridge = connect(server.address, TOKENS[who], roots, call_timeout_s=30, max_streams=max_streams)
     try:
         async with MCPClient(mcp_server) as client:
             yield client
@@ -186,20 +186,24 @@ def test_refusals_are_tool_errors_that_say_what_to_do(start_server, e2e_model, t
     anyio.run(session)
 
 
-def test_a_watch_returns_at_its_timeout_while_the_run_goes_on(start_server, e2e_model):
+def test_a_polled_watch_returns_at_its_timeout_while_the_run_goes_on(start_server, e2e_model):
+    """With no stream to spare (max_streams 0) a watch polls: the same changes, progress and timeout."""
     server = start_server()
     long_run = write_workflow(e2e_model, slow(4, units=40, seconds=0.5), "long.yaml")
 
     async def session() -> None:
-        async with agent(server, "agent", [e2e_model]) as client:
+        async with agent(server, "agent", [e2e_model], max_streams=0) as client:
             run = await call(client, "submit_run", workflow_path=str(long_run))
             result: dict = {}
+            progress: list[float] = []
             for _ in range(10):
-                result = await call(client, "watch_run", run_id=run["run_id"], timeout_s=1)
+                result = await call(client, "watch_run", progress, run_id=run["run_id"], timeout_s=3)
                 if result["timed_out"]:
                     break
+                assert result["changed"]
             assert result["timed_out"] and not result["changed"] and not result["ended"]
             assert result["state"] == "running" and "watch_run" in result["next_step"]
+            assert progress == sorted(progress) and progress[-1] > 0 and result["progress"] >= progress[-1]
             await call(client, "cancel_run", run_id=run["run_id"])
 
     anyio.run(session)

@@ -12,7 +12,7 @@ from simrun_core.config import DEFAULT_ENDPOINT
 from simrun_core.errors import SimrunError
 
 from simrun_mcp.roots import ROOTS_VARIABLE, Roots
-from simrun_mcp.server import connect
+from simrun_mcp.server import DEFAULT_MAX_STREAMS, connect
 
 DEFAULT_HTTP_PORT = 8765
 
@@ -57,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="The longest a tool waits for simrun (a watch waits its own timeout on top); default %(default)s.",
     )
+    parser.add_argument(
+        "--max-streams",
+        type=int,
+        default=DEFAULT_MAX_STREAMS,
+        metavar="N",
+        help="Watches that may hold a WatchRun stream (a server thread each) at once; further ones poll. "
+        "Default %(default)s.",
+    )
     return parser
 
 
@@ -73,9 +81,15 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"simrun-mcp: --host {args.host} is not a loopback address; the bridge serves this machine only")
     if args.call_timeout <= 0:
         sys.exit("simrun-mcp: --call-timeout must be positive")
+    if args.max_streams < 0:
+        sys.exit("simrun-mcp: --max-streams must be 0 or more")
     try:
         server, bridge = connect(
-            args.endpoint, args.token, Roots.from_environment(args.roots), call_timeout_s=args.call_timeout
+            args.endpoint,
+            args.token,
+            Roots.from_environment(args.roots),
+            call_timeout_s=args.call_timeout,
+            max_streams=args.max_streams,
         )
     except SimrunError as exc:
         sys.exit(f"simrun-mcp: {exc}")

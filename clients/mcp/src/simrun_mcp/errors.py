@@ -25,6 +25,8 @@ log = logging.getLogger("simrun_mcp")
 
 # The server's messages name the CLI; an agent has the tools instead.
 _CLI_WORDS = [
+    (re.compile(r": start it with `simrun server`"), ", where no simrun server runs"),
+    (re.compile(r",? where `simrun server` writes one"), ""),
     (re.compile(r"`simrun nodes`"), "list_nodes()"),
     (re.compile(r"`simrun list[^`]*`"), "list_runs(group)"),
     (re.compile(r"`simrun status[^`]*`"), "get_run(run_id)"),

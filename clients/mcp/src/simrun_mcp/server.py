@@ -13,7 +13,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -38,6 +38,9 @@ MAX_WATCH_S = 120.0
 DEFAULT_WATCH_S = 60.0
 MAX_TAIL_LINES = 500
 MAX_PAGE_SIZE = 100
+# The server serves every call from a pool of threads (32 by default) and an open stream holds one; a bridge keeps
+# well under that share, so 50 agents watching at once leave threads for everyone's other calls.
+DEFAULT_MAX_STREAMS = 8
 
 INSTRUCTIONS = """\
 simrun runs simulation workflows (parameter scans, repeated fits) from a git working tree on a shared cluster.
@@ -69,14 +72,28 @@ class Bridge:
         client: the typed client; its unary calls' deadline is `client.timeout_s`.
         roots: where workflow files may be read.
         call_timeout_s: the longest any tool call waits for simrun, beyond a watch's own timeout.
+        max_streams: watches that may hold a WatchRun stream at once; further ones poll GetRun every `poll_s`.
+        poll_s: seconds between two reads of a polled watch.
         max_threads: blocking calls (watches included) that may run at once.
     """
 
-    def __init__(self, client: Client, roots: Roots, *, call_timeout_s: float = 60.0, max_threads: int = 200) -> None:
+    def __init__(
+        self,
+        client: Client,
+        roots: Roots,
+        *,
+        call_timeout_s: float = 60.0,
+        max_streams: int = DEFAULT_MAX_STREAMS,
+        poll_s: float = 0.5,
+        max_threads: int = 200,
+    ) -> None:
         self.client = client
         self.roots = roots
         self.call_timeout_s = call_timeout_s
+        self.poll_s = poll_s
         self._limiter = anyio.CapacityLimiter(max_threads)
+        # anyio's Semaphore needs an initial value of 0 or more; 0 makes every watch poll.
+        self._streams = anyio.Semaphore(max_streams)
 
     async def blocking(self, fn: Callable[..., T], *args: Any, deadline_s: float | None = None, **kwargs: Any) -> T:
         """Runs a blocking call in a worker thread; gives up after its deadline (the thread is abandoned)."""
@@ -170,8 +187,7 @@ class Bridge:
 
         While it waits it sends a progress notification per unit done. If `ended` is false, call it again.
         """
-        start = await self.blocking(self.client.get_run, run_id)
-        run, changed = await self._watch(run_id, timeout_s, ctx, until_change=True, start=start)
+        run, changed = await self._watch(run_id, timeout_s, ctx, until_change=True)
         done, total, _ = convert.progress(run)
         ended = run.state in _FINAL
         return models.WatchResult(
@@ -291,20 +307,14 @@ class Bridge:
         ctx: Context,
         *,
         until_change: bool,
-        start: common_pb2.Run | None = None,
     ) -> tuple[common_pb2.Run, bool]:
         """Follows a run for at most `timeout_s`, reporting progress per unit; the run then and whether it changed."""
-        updates = self.client.watch(run_id, timeout_s=timeout_s)
-        run = start
-        first = _states(start) if start is not None else None
+        run: common_pb2.Run | None = None
+        first: tuple[int, ...] | None = None
         reported = -1.0
         changed = False
-        try:
-            while True:
-                update = await self.blocking(_next, updates, deadline_s=timeout_s + self.call_timeout_s)
-                if update is None:
-                    break
-                run = update.run
+        async with contextlib.aclosing(self._updates(run_id, timeout_s)) as updates:
+            async for run in updates:
                 done, total, line = convert.progress(run)
                 if done > reported:
                     reported = done
@@ -315,13 +325,52 @@ class Bridge:
                     changed = True
                 if run.state in _FINAL or (until_change and changed):
                     break
-        finally:
-            with contextlib.suppress(Exception):
-                # Ends the stream on the server too, in the background (the thread may still be inside `next`).
-                await self.blocking(updates.close, deadline_s=5)
-        if run is None or (run.state not in _FINAL and not changed):
+        if run is None:
+            # The stream ended before its first update (the server stopped, or the timeout was 0).
             run = await self.blocking(self.client.get_run, run_id)
         return run, changed
+
+    async def _updates(self, run_id: str, timeout_s: float) -> AsyncIterator[common_pb2.Run]:
+        """The run now and whenever it changes, for at most `timeout_s`: over a WatchRun stream while the bridge
+        holds fewer than `max_streams` of them, else by polling GetRun.
+
+        A stream holds one of the server's threads while it is open; a server serves only so many streams at once,
+        so past the bridge's share its further watches poll, and other calls still find a thread.
+        """
+        try:
+            self._streams.acquire_nowait()
+        except anyio.WouldBlock:
+            async for run in self._poll(run_id, timeout_s):
+                yield run
+            return
+        stream = self.client.watch(run_id, timeout_s=timeout_s)
+        try:
+            while True:
+                update = await self.blocking(_next, stream, deadline_s=timeout_s + self.call_timeout_s)
+                if update is None:
+                    return
+                yield update.run
+        finally:
+            self._streams.release()
+            with contextlib.suppress(Exception):
+                # Ends the stream on the server too (it fails harmlessly while a thread is still inside `next`,
+                # after a cancelled call; the stream's own deadline ends it then).
+                stream.close()
+
+    async def _poll(self, run_id: str, timeout_s: float) -> AsyncIterator[common_pb2.Run]:
+        """The run now and whenever its states or units done change, read every `poll_s` for at most `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        last: tuple[int, ...] | None = None
+        while True:
+            run = await self.blocking(self.client.get_run, run_id)
+            marker = (*_states(run), *(t.units_done for t in run.tasks))
+            if marker != last:
+                last = marker
+                yield run
+            remaining = deadline - time.monotonic()
+            if run.state in _FINAL or remaining <= 0:
+                return
+            await anyio.sleep(min(self.poll_s, remaining))
 
     def _read_logs(
         self, run_id: str, task_id: str, worker: str | None, tail_lines: int, regex: re.Pattern[str] | None
@@ -412,7 +461,10 @@ _TOOLS: list[tuple[str, str, ToolAnnotations]] = [
 
 def build_server(bridge: Bridge, *, name: str = "simrun") -> MCPServer:
     """The MCP server with simrun's tools over `bridge`."""
-    server: MCPServer = MCPServer(name, title="simrun", instructions=INSTRUCTIONS, version=_version())
+    # WARNING: uvicorn's access log would print a line per HTTP request; the bridge logs its own failures.
+    server: MCPServer = MCPServer(
+        name, title="simrun", instructions=INSTRUCTIONS, version=_version(), log_level="WARNING"
+    )
     for tool_name, title, hints in _TOOLS:
         method = getattr(bridge, tool_name)
         server.add_tool(
@@ -436,11 +488,17 @@ def _version() -> str:
 
 
 def connect(
-    endpoint: str | None, token: str | None, roots: list[str | Path] | Roots, *, call_timeout_s: float = 60.0
+    endpoint: str | None,
+    token: str | None,
+    roots: list[str | Path] | Roots,
+    *,
+    call_timeout_s: float = 60.0,
+    max_streams: int = DEFAULT_MAX_STREAMS,
 ) -> tuple[MCPServer, Bridge]:
     """A server and its bridge over a new client of simrun at `endpoint` with `token` (see `Client`)."""
     client = Client(endpoint, token, timeout_s=call_timeout_s)
-    bridge = Bridge(client, roots if isinstance(roots, Roots) else Roots(roots), call_timeout_s=call_timeout_s)
+    roots = roots if isinstance(roots, Roots) else Roots(roots)
+    bridge = Bridge(client, roots, call_timeout_s=call_timeout_s, max_streams=max_streams)
     return build_server(bridge), bridge
 
 
