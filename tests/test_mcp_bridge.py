@@ -9,13 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 from e2e_support import TOKENS, expected_total, write_workflow
 from mcp import Client as MCPClient
 from simrun_gateway.embedded import EmbeddedServer
 from simrun_mcp.server import connect
-
-REQUEST_ID_SERVER_SIDE = "the tracker's deduplication of SubmitRun by request id (per identity) has not landed yet"
 
 
 def slow(seed: int, units: int = 6, seconds: float = 0.3) -> str:
@@ -209,7 +206,6 @@ def test_a_polled_watch_returns_at_its_timeout_while_the_run_goes_on(start_serve
     anyio.run(session)
 
 
-@pytest.mark.xfail(strict=True, reason=REQUEST_ID_SERVER_SIDE)
 def test_a_retried_submission_with_the_same_request_id_returns_the_first_run(start_server, e2e_model):
     server = start_server()
     workflow = write_workflow(e2e_model, slow(5, units=2, seconds=0.1))

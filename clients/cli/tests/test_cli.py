@@ -172,10 +172,6 @@ def test_submit_needs_an_existing_workflow(invoke: Invoke, tmp_path: Path) -> No
     assert result.exit_code == 2 and "does not exist" in result.stderr
 
 
-REQUEST_ID_SERVER_SIDE = "the tracker's deduplication of SubmitRun by request id (per identity) has not landed yet"
-
-
-@pytest.mark.xfail(strict=True, reason=REQUEST_ID_SERVER_SIDE)
 def test_submit_with_the_same_request_id_returns_the_first_run(invoke: Invoke, model_repo: Path) -> None:
     first = invoke("submit", model_repo / "slow.yaml", "--request-id", "cli-retry-1", "--json")
     second = invoke("submit", model_repo / "slow.yaml", "--request-id", "cli-retry-1", "--json")

@@ -40,7 +40,7 @@ class SubmitRunRequest(_message.Message):
     reserve: _builtins.str
     """A node to reserve for the run; empty for the workflow's or none."""
     request_id: _builtins.str
-    """An id the caller picks for this submission, so a retry is safe: a SubmitRun with a request id its identity used before returns that first run instead of a new one; empty submits a new run every time."""
+    """The caller's key for this submission: a retry with the same key by the same identity returns the first run."""
     @_builtins.property
     def snapshots(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Snapshot]:
         """The snapshots of its sources, already in the store; the first is the model."""
