@@ -19,7 +19,7 @@ MAX_KILLS = 20
 MAX_ROWS = 200
 MAX_LINE_CHARS = 500
 
-_PRIORITY_NAMES = {
+_PRIORITY_NAMES: dict[common_pb2.Priority.ValueType, models.PriorityName] = {
     common_pb2.PRIORITY_OWNER: "owner",
     common_pb2.PRIORITY_STANDARD: "standard",
     common_pb2.PRIORITY_AGENT: "agent",
@@ -28,6 +28,11 @@ _WHO = {
     Priority.OWNER: "the cluster's owner and the owner's agents",
     Priority.STANDARD: "the other people",
     Priority.AGENT: "the agents of the other people",
+}
+_PRIORITY_PROTO = {
+    Priority.OWNER: common_pb2.PRIORITY_OWNER,
+    Priority.STANDARD: common_pb2.PRIORITY_STANDARD,
+    Priority.AGENT: common_pb2.PRIORITY_AGENT,
 }
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -51,16 +56,16 @@ class Cut:
         return values[:limit]
 
 
-def run_state_name(state: int) -> models.RunStateName:
+def run_state_name(state: common_pb2.RunState.ValueType) -> models.RunStateName:
     return common_pb2.RunState.Name(state).removeprefix("RUN_STATE_").lower()  # type: ignore[return-value]
 
 
-def task_state_name(state: int) -> models.TaskStateName:
+def task_state_name(state: common_pb2.TaskState.ValueType) -> models.TaskStateName:
     return common_pb2.TaskState.Name(state).removeprefix("TASK_STATE_").lower()  # type: ignore[return-value]
 
 
-def priority_name(priority: int) -> models.PriorityName:
-    return _PRIORITY_NAMES.get(priority, "agent")  # type: ignore[return-value]
+def priority_name(priority: common_pb2.Priority.ValueType) -> models.PriorityName:
+    return _PRIORITY_NAMES.get(priority, "agent")
 
 
 def _time(stamp: Any, present: bool = True) -> str | None:
@@ -73,7 +78,7 @@ def whoami(identity: common_pb2.Identity) -> models.WhoAmI:
     """The identity with every priority tier and the rules of preemption spelled out."""
     tiers = [
         models.PriorityTier(
-            priority=p.value,
+            priority=priority_name(_PRIORITY_PROTO[p]),
             who=_WHO[p],
             base=PRIORITY_VALUES[p][PodRole.BASE],
             extra=PRIORITY_VALUES[p][PodRole.EXTRA],

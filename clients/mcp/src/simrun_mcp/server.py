@@ -13,7 +13,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -330,7 +330,7 @@ class Bridge:
             run = await self.blocking(self.client.get_run, run_id)
         return run, changed
 
-    async def _updates(self, run_id: str, timeout_s: float) -> AsyncIterator[common_pb2.Run]:
+    async def _updates(self, run_id: str, timeout_s: float) -> AsyncGenerator[common_pb2.Run, None]:
         """The run now and whenever it changes, for at most `timeout_s`: over a WatchRun stream while the bridge
         holds fewer than `max_streams` of them, else by polling GetRun.
 
@@ -352,12 +352,14 @@ class Bridge:
                 yield update.run
         finally:
             self._streams.release()
+            close = getattr(stream, "close", None)  # a generator's: it cancels the call on the server too
             with contextlib.suppress(Exception):
-                # Ends the stream on the server too (it fails harmlessly while a thread is still inside `next`,
-                # after a cancelled call; the stream's own deadline ends it then).
-                stream.close()
+                # It fails harmlessly while a thread is still inside `next` after a cancelled call; the stream's
+                # own deadline ends it then.
+                if close is not None:
+                    close()
 
-    async def _poll(self, run_id: str, timeout_s: float) -> AsyncIterator[common_pb2.Run]:
+    async def _poll(self, run_id: str, timeout_s: float) -> AsyncGenerator[common_pb2.Run, None]:
         """The run now and whenever its states or units done change, read every `poll_s` for at most `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         last: tuple[int, ...] | None = None
