@@ -38,9 +38,11 @@ MAX_WATCH_S = 120.0
 DEFAULT_WATCH_S = 60.0
 MAX_TAIL_LINES = 500
 MAX_PAGE_SIZE = 100
-# The server serves every call from a pool of threads (32 by default) and an open stream holds one; a bridge keeps
-# well under that share, so 50 agents watching at once leave threads for everyone's other calls.
-DEFAULT_MAX_STREAMS = 8
+# An open WatchRun stream holds one of the server's calls (it bounds them, 1000 by default, and refuses more) and
+# one of the bridge's threads; past this share a bridge's further watches poll GetRun instead.
+DEFAULT_MAX_STREAMS = 100
+# Seconds a watch may run past its timeout_s while its last read comes back.
+WATCH_GRACE_S = 1.0
 
 INSTRUCTIONS = """\
 simrun runs simulation workflows (parameter scans, repeated fits) from a git working tree on a shared cluster.
@@ -313,18 +315,22 @@ class Bridge:
         first: tuple[int, ...] | None = None
         reported = -1.0
         changed = False
-        async with contextlib.aclosing(self._updates(run_id, timeout_s)) as updates:
-            async for run in updates:
-                done, total, line = convert.progress(run)
-                if done > reported:
-                    reported = done
-                    await ctx.report_progress(done, total, line)
-                if first is None:
-                    first = _states(run)
-                elif _states(run) != first:
-                    changed = True
-                if run.state in _FINAL or (until_change and changed):
-                    break
+        seen: common_pb2.Run | None = None
+        # The stream (or the polling) ends at the timeout on its own; this returns then even if simrun lags.
+        with anyio.move_on_after(timeout_s + WATCH_GRACE_S):
+            async with contextlib.aclosing(self._updates(run_id, timeout_s)) as updates:
+                async for seen in updates:
+                    run = seen
+                    done, total, line = convert.progress(run)
+                    if done > reported:
+                        reported = done
+                        await ctx.report_progress(done, total, line)
+                    if first is None:
+                        first = _states(run)
+                    elif _states(run) != first:
+                        changed = True
+                    if run.state in _FINAL or (until_change and changed):
+                        break
         if run is None:
             # The stream ended before its first update (the server stopped, or the timeout was 0).
             run = await self.blocking(self.client.get_run, run_id)
