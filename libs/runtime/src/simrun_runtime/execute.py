@@ -26,9 +26,11 @@ from simrun_runtime.pod import (
     Stopper,
     TaskSetup,
     UsageError,
+    exception_of,
     fail,
     run_in_child,
     signal_exit_code,
+    write_failure,
 )
 from simrun_runtime.reports import WorkerEnd
 from simrun_runtime.tasktype import ExecContext, UnsplitTaskType, port_env_name
@@ -166,6 +168,15 @@ def run_exec(env: PodEnv) -> int:
     if keeper.oom_killed():
         code = EXIT_KILLED
     fail(PROG, message)
+    if code != EXIT_KILLED:
+        write_failure(
+            setup.task,
+            f"task {setup.task.task_id!r} failed on worker {worker}: {message}",
+            unit=None,
+            worker=worker,
+            exception=exception_of(message)[0],
+            detail=message,
+        )
     return keeper.finish(WorkerEnd.FAILED, code, message)
 
 

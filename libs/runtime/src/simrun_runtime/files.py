@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Writes `data` to a temporary file beside `path`, flushes it, and renames it over `path`."""
+def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Writes `data` to a temporary file beside `path`, flushes it (to the disk too unless `fsync` is false: a
+    file rewritten often, whose last version is written with fsync), and renames it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True) -> None:
+def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True, fsync: bool = True) -> None:
     """Writes `data` as indented JSON, atomically; keys sorted unless their order means something."""
-    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode())
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode(), fsync=fsync)
 
 
 def read_json(path: Path) -> Any:

@@ -13,6 +13,8 @@ SUMMARY = "summary.json"
 MERGE_MARKER = ".merged"
 PROGRESS = "progress.jsonl"
 UNIT_COUNT = "count"
+FAILURE = "failure.json"
+PACK_SUFFIX = ".json"
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,11 @@ class LedgerLayout:
     @property
     def done(self) -> Path:
         return self.root / "done"
+
+    @property
+    def failed(self) -> Path:
+        """Units that failed more often than their type retries them (`failed/<i>~<failures>`)."""
+        return self.root / "failed"
 
     @property
     def heartbeats(self) -> Path:
@@ -54,6 +61,26 @@ class LedgerLayout:
 
     def done_unit(self, index: int) -> Path:
         return self.done / str(index)
+
+    def pending_entry(self, name: str) -> Path:
+        """A range of pending units, `<first>[-<last>][~<failures>]` (see `ledger.UnitRange`)."""
+        return self.pending / name
+
+    def claimed_entry(self, name: str, worker: str) -> Path:
+        return self.claimed / f"{name}@{worker}"
+
+    def done_entry(self, name: str) -> Path:
+        return self.done / name
+
+    def failed_entry(self, name: str) -> Path:
+        return self.failed / name
+
+    def pack(self, name: str) -> Path:
+        """The values a claim's units returned, one file per claim: `results/<first>-<last>.json`."""
+        return self.results / f"{name}{PACK_SUFFIX}"
+
+    def pack_tmp(self, name: str, worker: str, pid: int) -> Path:
+        return self.tmp / f"{name}.{worker}.{pid}{PACK_SUFFIX}"
 
     def heartbeat(self, worker: str) -> Path:
         return self.heartbeats / worker
@@ -134,6 +161,12 @@ class TaskLayout:
     @property
     def progress(self) -> Path:
         return self.root / PROGRESS
+
+    @property
+    def failure(self) -> Path:
+        """Why the task failed: `{"message", "unit", "worker", "exception", "detail"}`, written before the pod
+        exits non-zero; the tracker shows its message as the task's."""
+        return self.root / FAILURE
 
 
 @dataclass(frozen=True)

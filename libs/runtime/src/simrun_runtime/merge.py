@@ -19,7 +19,7 @@ from typing import Any
 
 from simrun_runtime.files import write_bytes_atomic, write_json_atomic
 from simrun_runtime.layout import SUMMARY, TaskLayout
-from simrun_runtime.ledger import Ledger, LedgerError
+from simrun_runtime.ledger import IntervalSet, Ledger, LedgerError
 from simrun_runtime.pod import (
     EXIT_DONE,
     EXIT_FAILED,
@@ -31,9 +31,11 @@ from simrun_runtime.pod import (
     Stopper,
     TaskSetup,
     UsageError,
+    exception_of,
     fail,
     run_in_child,
     signal_exit_code,
+    write_failure,
 )
 from simrun_runtime.reports import WorkerEnd
 from simrun_runtime.tasktype import MergeContext, SplitTaskType
@@ -89,19 +91,42 @@ def _remove_leftovers(task: TaskLayout) -> None:
 
 
 def check_complete(setup: TaskSetup) -> Ledger:
-    """The task's ledger, checked to be complete with every unit's results in place."""
+    """The task's ledger, checked to be complete with every unit's results in place: the file of values of each
+    done claim, or (a claim without one) each unit's `results/<i>/`."""
     ledger = Ledger.of(setup.task)
     if not ledger.exists():
         raise LedgerError(f"task {setup.task.task_id!r} has no ledger at {ledger.layout.root}")
-    done = ledger.done_count()
-    if done < ledger.count:
+    ranges = ledger.done_ranges()
+    done = IntervalSet()
+    for unit in ranges:
+        done.add(unit.first, unit.last)
+    if done.total < ledger.count:
         raise LedgerError(
-            f"the ledger of task {setup.task.task_id!r} is not complete: {done} of {ledger.count} units done"
+            f"the ledger of task {setup.task.task_id!r} is not complete: {done.total} of {ledger.count} units done"
         )
-    missing = [index for index in range(ledger.count) if not ledger.has_result(index)]
+    missing = [
+        index
+        for unit in ranges
+        if not ledger.pack_path(unit).is_file()
+        for index in unit.indices()
+        if not ledger.has_result(index)
+    ]
     if missing:
         raise LedgerError(f"units {missing[:10]} of task {setup.task.task_id!r} are done but have no results")
     return ledger
+
+
+def load_values(ledger: Ledger) -> list[Any]:
+    """What every unit's `compute_unit` returned, in index order, read from one file per done claim."""
+    values: list[Any] = [None] * ledger.count
+    for unit in ledger.done_ranges():
+        try:
+            data = json.loads(ledger.pack_path(unit).read_bytes())
+        except FileNotFoundError:
+            continue  # units that wrote files only
+        first = int(data["first"])
+        values[first : first + len(data["values"])] = data["values"]
+    return values
 
 
 def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> dict[str, Any]:
@@ -119,6 +144,7 @@ def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> d
             outputs=outputs,
             inputs=setup.inputs,
             scratch_dir=Path(scratch),
+            _load_values=lambda: load_values(ledger),
         )
         summary = task_type.merge(setup.settings, context)
     if summary is None:
@@ -144,8 +170,10 @@ def run_merge(setup: TaskSetup, env: PodEnv, keeper: ReportKeeper, stopper: Stop
             code = EXIT_KILLED
         elif code in (EXIT_DONE, EXIT_STOPPED):
             code = EXIT_FAILED
-        last = outcome.error.strip().splitlines()[-1] if outcome.error.strip() else "merge failed"
-        return keeper.finish(WorkerEnd.FAILED, code, f"merge failed: {last}")
+        exception, last = exception_of(outcome.error)
+        message = f"the merge of task {setup.task.task_id!r} failed on worker {by}: {last}"
+        write_failure(setup.task, message, unit=None, worker=by, exception=exception, detail=outcome.error)
+        return keeper.finish(WorkerEnd.FAILED, code, message)
     keeper.report.merged = True
     return keeper.finish(WorkerEnd.DONE, EXIT_DONE)
 

@@ -1,10 +1,21 @@
-"""The local pool of a worker pod: forked processes that compute units as they are claimed, one pipe each."""
+"""The local pool of a worker pod: forked processes that compute claims (ranges of units) as they are claimed.
+
+A process computes the units of a claim one after the other, writes the values they returned into one file for
+the claim and sends back one message per claim: what the parent does per unit is nothing. It records the unit it
+is computing and since when in memory it shares with the parent, so the parent kills a unit past its time limit
+(and forks a new process in its place) without a message per unit. What a unit prints through `sys.stdout` or
+`sys.stderr` reaches the pod's log with every line prefixed `[unit N] `.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import multiprocessing.connection
 import os
+import shutil
+import sys
 import time
 import traceback
 from collections import deque
@@ -12,13 +23,17 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pydantic import BaseModel
 
-from simrun_runtime.ledger import Ledger
+from simrun_runtime.ledger import Ledger, UnitRange
 from simrun_runtime.pod import MP, child_signals
+from simrun_runtime.reports import SecondsSketch
 from simrun_runtime.tasktype import SplitTaskType, UnitContext, _Scratch
+
+# The slot a process shares with the parent: the unit it computes, and since when (time.monotonic; 0 when idle).
+_UNIT, _SINCE = 0, 1
 
 
 @dataclass(frozen=True)
@@ -35,114 +50,237 @@ class UnitJob:
 
 
 @dataclass(frozen=True)
-class UnitResult:
-    """A unit a process finished: `seconds` None if its result was already in place; `error` a traceback."""
+class ClaimResult:
+    """A claim a process finished: units `claim.first` … `done_until - 1` have their results in place; if
+    `error` is set (a traceback), unit `done_until` raised it and the units after it were not computed."""
 
-    index: int
-    seconds: float | None
+    claim: UnitRange
+    done_until: int
+    seconds: SecondsSketch
+    skipped: int = 0
     error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.error is None and self.done_until > self.claim.last
 
 
 @dataclass(frozen=True)
 class ProcessDied:
-    """A pool process died (e.g. killed for memory) holding these units."""
+    """A pool process died (killed for memory, or by the parent for a unit past its time limit) holding these
+    claims; `unit` is the unit it was computing (the first claim's), if it had started one."""
 
-    units: list[int]
+    claims: list[UnitRange]
     exitcode: int | None
+    unit: int | None = None
+    timed_out: bool = False
 
 
-def compute_one(job: UnitJob, index: int) -> float | None:
-    """Computes unit `index` into its result directory; None if a result was already in place."""
-    if job.ledger.has_result(index):
-        return None
-    start = time.perf_counter()
-    scratch = _Scratch(job.scratch_root / f"{job.worker}-{os.getpid()}-{index}")
-    try:
-        job.ledger.write_result(
-            index,
-            job.worker,
-            lambda result_dir: job.task_type.compute_unit(
-                job.settings,
-                index,
-                UnitContext(index, result_dir, job.inputs, job.worker, job.provenance, scratch),
-            ),
-        )
-    finally:
-        scratch.remove()
-    return time.perf_counter() - start
+class UnitOutput(io.TextIOBase):
+    """`sys.stdout` / `sys.stderr` of a pool process: every line a unit writes is prefixed `[unit N] `."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+        self._partial = ""
+        self.unit: int | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        data = self._partial + text
+        lines = data.split("\n")
+        self._partial = lines.pop()
+        if lines:
+            prefix = f"[unit {self.unit}] " if self.unit is not None else ""
+            self._target.write("".join(f"{prefix}{line}\n" for line in lines))
+            self._target.flush()
+        return len(text)
+
+    def end_unit(self) -> None:
+        """Ends a line the unit left open, so the next unit's output starts on a line of its own."""
+        if self._partial:
+            self.write("\n")
+        self.unit = None
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._target, "encoding", "utf-8")
 
 
-def _process_main(conn: Connection, job: UnitJob) -> None:
+def compute_claim(
+    job: UnitJob, claim: UnitRange, slot: Any = None, outputs: tuple[UnitOutput, ...] = ()
+) -> ClaimResult:
+    """Computes the units of `claim` in order; writes the values they returned into the claim's file, and renames
+    the files of units that wrote files into `results/<i>/`. A unit that raises ends the claim there."""
+    ledger = job.ledger
+    tmp = str(ledger.layout.tmp)
+    suffix = f".{job.worker}.{os.getpid()}"
+    seconds = SecondsSketch()
+    values: list[Any] = []
+    packed = False  # some unit returned a value or wrote no files: the claim needs its file of values
+    skipped = 0
+    error: str | None = None
+    index = claim.first
+    for index in claim.indices():
+        if slot is not None:
+            slot[_UNIT] = index
+            slot[_SINCE] = time.monotonic()
+        for output in outputs:
+            output.unit = index
+        # A unit of its own claim may have its files in place from an earlier incarnation; a short unit in a
+        # claim of many is cheaper to compute again than to look for.
+        if claim.size == 1 and ledger.has_result(index):
+            skipped += 1
+            values.append(None)
+            continue
+        result_path = Path(f"{tmp}/{index}{suffix}")
+        scratch = _Scratch(job.scratch_root / f"{job.worker}-{os.getpid()}-{index}")
+        context = UnitContext(index, result_path, job.inputs, job.worker, job.provenance, scratch)
+        start = time.perf_counter()
+        try:
+            value = job.task_type.compute_unit(job.settings, index, context)
+            if value is not None:
+                json.dumps(value)
+        except BaseException:
+            if context.wrote_files:
+                shutil.rmtree(result_path, ignore_errors=True)
+            error = traceback.format_exc()
+            if value_is_the_problem(error):
+                error += f"compute_unit of unit {index} must return a JSON value (or None and write files)\n"
+            break
+        finally:
+            scratch.remove()
+            for output in outputs:
+                output.end_unit()
+        if context.wrote_files:
+            ledger.place_result(result_path, index)
+        packed = packed or value is not None or not context.wrote_files
+        values.append(value)
+        seconds.add(time.perf_counter() - start)
+    else:
+        index = claim.last + 1
+    if slot is not None:
+        slot[_SINCE] = 0.0
+    if packed and index > claim.first:
+        done = UnitRange(claim.first, index - 1)
+        data = json.dumps({"first": done.first, "last": done.last, "values": values[: done.size]})
+        ledger.write_pack(done, job.worker, data.encode())
+    return ClaimResult(claim, index, seconds, skipped, error)
+
+
+def value_is_the_problem(error: str) -> bool:
+    return "is not JSON serializable" in error
+
+
+def _process_main(conn: Connection, job: UnitJob, slot: Any) -> None:
     child_signals()
+    outputs = (UnitOutput(sys.stdout), UnitOutput(sys.stderr))
+    sys.stdout, sys.stderr = outputs  # type: ignore[assignment]
     while True:
         try:
-            index = conn.recv()
+            claim = conn.recv()
         except EOFError:
             return
-        if index is None:
+        if claim is None:
             return
-        try:
-            conn.send(UnitResult(index, compute_one(job, index)))
-        except BaseException:
-            conn.send(UnitResult(index, None, traceback.format_exc()))
+        conn.send(compute_claim(job, claim, slot, outputs))
 
 
 @dataclass
 class _Member:
     process: BaseProcess
     conn: Connection
-    units: deque[int] = field(default_factory=deque)
+    slot: Any
+    claims: deque[UnitRange] = field(default_factory=deque)
 
 
 class UnitPool:
-    """`processes` forked processes; units are sent to the least busy one as soon as they are claimed."""
+    """`processes` forked processes; claims are sent to the least busy one as soon as they are claimed."""
 
     def __init__(self, job: UnitJob, processes: int) -> None:
-        self.members: list[_Member] = []
-        for _ in range(processes):
-            parent, child = MP.Pipe()
-            process = MP.Process(target=_process_main, args=(child, job), daemon=True)
-            process.start()
-            child.close()
-            self.members.append(_Member(process, parent))
+        self.job = job
+        self.members: list[_Member] = [self._spawn() for _ in range(processes)]
+
+    def _spawn(self) -> _Member:
+        parent, child = MP.Pipe()
+        slot = MP.RawArray("d", 2)
+        process = MP.Process(target=_process_main, args=(child, self.job, slot), daemon=True)
+        process.start()
+        child.close()
+        return _Member(process, parent, slot)
 
     @property
     def in_flight(self) -> int:
-        return sum(len(member.units) for member in self.members)
+        """Claims sent to processes and not yet finished."""
+        return sum(len(member.claims) for member in self.members)
 
-    def units(self) -> list[int]:
-        """Every unit sent to a process and not yet finished."""
-        return [index for member in self.members for index in member.units]
+    def units(self) -> list[UnitRange]:
+        """Every claim sent to a process and not yet finished."""
+        return [claim for member in self.members for claim in member.claims]
 
-    def submit(self, index: int) -> None:
-        member = min(self.members, key=lambda m: len(m.units))
-        member.units.append(index)
-        # A process that died is found by `wait` through its sentinel, which reports its units.
+    def submit(self, claim: UnitRange) -> None:
+        member = min(self.members, key=lambda m: len(m.claims))
+        member.claims.append(claim)
+        # A process that died is found by `wait` through its sentinel, which reports its claims.
         with contextlib.suppress(OSError):
-            member.conn.send(index)
+            member.conn.send(claim)
 
-    def wait(self, timeout: float, also: list[Any]) -> list[UnitResult | ProcessDied]:
-        """Finished units and dead processes, waiting up to `timeout` seconds or until one of `also` is ready."""
-        busy = [member for member in self.members if member.units]
+    def wait(self, timeout: float, also: list[Any], limit_s: float | None = None) -> list[ClaimResult | ProcessDied]:
+        """Finished claims and dead processes, waiting up to `timeout` seconds or until one of `also` is ready. A
+        process whose unit ran past `limit_s` is killed (reported as `ProcessDied(timed_out=True)`) and replaced."""
+        busy = [member for member in self.members if member.claims]
+        if limit_s is not None:
+            now = time.monotonic()
+            for member in busy:
+                since = member.slot[_SINCE]
+                if since > 0:
+                    timeout = min(timeout, max(since + limit_s - now, 0.0) + 0.01)
         waitables: list[Any] = [m.conn for m in busy] + [m.process.sentinel for m in busy] + also
         ready = set(multiprocessing.connection.wait(waitables, timeout=timeout))
-        events: list[UnitResult | ProcessDied] = []
+        events: list[ClaimResult | ProcessDied] = []
         for member in busy:
             broken = False
-            # One message per ready pipe: a second one is found by the next wait, sparing a poll per unit.
+            # One message per ready pipe: a second one is found by the next wait, sparing a poll per claim.
             if member.conn in ready:
                 try:
-                    result: UnitResult = member.conn.recv()
-                    member.units.remove(result.index)
+                    result: ClaimResult = member.conn.recv()
+                    member.claims.remove(result.claim)
                     events.append(result)
                 except (EOFError, OSError):
                     broken = True
-            if member.units and (broken or member.process.sentinel in ready):
+            if member.claims and (broken or member.process.sentinel in ready):
                 member.process.join(timeout=1.0)
                 if not member.process.is_alive():
-                    events.append(ProcessDied(list(member.units), member.process.exitcode))
-                    member.units.clear()
+                    events.append(self._died(member, timed_out=False))
+        if limit_s is not None:
+            now = time.monotonic()
+            for member in self.members:
+                since = member.slot[_SINCE]
+                if member.claims and since > 0 and now - since > limit_s and member.process.is_alive():
+                    member.process.kill()
+                    member.process.join()
+                    events.append(self._died(member, timed_out=True))
         return events
+
+    def _died(self, member: _Member, timed_out: bool) -> ProcessDied:
+        unit = int(member.slot[_UNIT]) if member.slot[_SINCE] > 0 else None
+        died = ProcessDied(list(member.claims), member.process.exitcode, unit, timed_out)
+        member.claims.clear()
+        return died
+
+    def replace_dead(self) -> None:
+        """Forks a new process in place of each dead one (after a unit was killed at its time limit)."""
+        for k, member in enumerate(self.members):
+            if not member.process.is_alive():
+                member.conn.close()
+                self.members[k] = self._spawn()
 
     def close(self) -> None:
         """Lets idle processes exit."""
@@ -156,10 +294,10 @@ class UnitPool:
                 member.process.join()
 
     def kill(self) -> None:
-        """Ends every process at once (their units are abandoned: the caller releases the claims)."""
+        """Ends every process at once (their claims are abandoned: the caller releases them)."""
         for member in self.members:
             if member.process.is_alive():
                 member.process.kill()
         for member in self.members:
             member.process.join()
-            member.units.clear()
+            member.claims.clear()
