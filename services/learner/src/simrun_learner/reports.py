@@ -60,7 +60,8 @@ def _observation(
         oom_killed=killed and bool(oom_per_worker_gb),
         oom_per_worker_gb=oom_per_worker_gb if killed else None,
         succeeded=succeeded,
-        unit_seconds=tuple(unit.seconds for unit in report.units),
+        # Schema 2 reports summarise their units: one value per unit, exact up to 64 units, else within 2.2%.
+        unit_seconds=tuple(report.seconds_of_units()),
         run_id=run_id or report.run_id,
         observed_at=report.ended_at or report.started_at,
     )
