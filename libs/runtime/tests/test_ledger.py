@@ -67,13 +67,13 @@ def test_one_claimer_lists_pending_once_however_many_units(task: TaskLayout, mon
         return real_scandir(path)
 
     create_ledger(task, 2000)
-    assert len(Ledger.of(task).pending_ranges()) == 286  # ranges of 2000 // 256 = 7 units
+    assert len(Ledger.of(task).pending_ranges()) == 65  # ranges of 2000 // 64 = 31 units
     monkeypatch.setattr(ledger_module.os, "scandir", counting_scandir)
     claimer = Ledger.of(task).claimer("w3")
     claimed = [claimer.claim() for _ in range(2000)]
     assert all(unit is not None and unit.size == 1 for unit in claimed)
     assert sorted(unit.first for unit in claimed) == list(range(2000))  # type: ignore[union-attr]
-    assert claimed[0].first // 7 == worker_offset("w3", 2000) // 7 and listings == ["pending"]  # type: ignore[union-attr]
+    assert claimed[0].first // 31 == worker_offset("w3", 2000) // 31 and listings == ["pending"]  # type: ignore[union-attr]
     assert claimer.claim() is None and listings == ["pending", "pending"]
 
 
@@ -200,7 +200,7 @@ def test_a_new_ledger_is_a_few_hundred_ranges_however_many_units(task: TaskLayou
     create_ledger(task, 100_000)
     ledger = Ledger.of(task)
     ranges = ledger.pending_ranges()
-    assert len(ranges) == 257 and ranges[0] == UnitRange(0, 389) and ranges[-1].last == 99_999
+    assert len(ranges) == 98 and ranges[0] == UnitRange(0, 1023) and ranges[-1].last == 99_999
     assert sum(unit.size for unit in ranges) == 100_000
     assert sorted(p.name for p in task.units.root.iterdir()) == [
         "claimed",

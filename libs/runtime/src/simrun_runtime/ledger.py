@@ -41,7 +41,7 @@ from simrun_runtime.layout import LedgerLayout, TaskLayout
 STALE_MARGIN_S = 60.0
 # Pending ranges a new ledger starts with, at most: enough for many pods to start on different ranges, few
 # enough that a ledger of a million units is a few hundred files.
-BLOCKS = 256
+BLOCKS = 64
 # The largest range a new ledger starts with; a claim never spans two ranges, so this bounds a claim too.
 MAX_BLOCK = 1024
 

@@ -120,14 +120,25 @@ def compute_claim(
     """Computes the units of `claim` in order; writes the values they returned into the claim's file, and renames
     the files of units that wrote files into `results/<i>/`. A unit that raises ends the claim there."""
     ledger = job.ledger
-    tmp = str(ledger.layout.tmp)
-    suffix = f".{job.worker}.{os.getpid()}"
-    seconds = SecondsSketch()
+    pid = os.getpid()
+    tmp = f"{ledger.layout.tmp}/"
+    suffix = f".{job.worker}.{pid}"
+    scratch_prefix = f"{job.scratch_root}/{job.worker}-{pid}-"
+    compute, settings, inputs, worker, provenance = (
+        job.task_type.compute_unit,
+        job.settings,
+        job.inputs,
+        job.worker,
+        job.provenance,
+    )
+    clock = time.perf_counter
+    durations: list[float] = []
     values: list[Any] = []
     packed = False  # some unit returned a value or wrote no files: the claim needs its file of values
     skipped = 0
     error: str | None = None
     index = claim.first
+    single = claim.size == 1
     for index in claim.indices():
         if slot is not None:
             slot[_UNIT] = index
@@ -136,47 +147,59 @@ def compute_claim(
             output.unit = index
         # A unit of its own claim may have its files in place from an earlier incarnation; a short unit in a
         # claim of many is cheaper to compute again than to look for.
-        if claim.size == 1 and ledger.has_result(index):
+        if single and ledger.has_result(index):
             skipped += 1
             values.append(None)
             continue
-        result_path = Path(f"{tmp}/{index}{suffix}")
-        scratch = _Scratch(job.scratch_root / f"{job.worker}-{os.getpid()}-{index}")
-        context = UnitContext(index, result_path, job.inputs, job.worker, job.provenance, scratch)
-        start = time.perf_counter()
+        scratch = _Scratch(f"{scratch_prefix}{index}")
+        context = UnitContext(index, f"{tmp}{index}{suffix}", inputs, worker, provenance, scratch)
+        start = clock()
         try:
-            value = job.task_type.compute_unit(job.settings, index, context)
-            if value is not None:
-                json.dumps(value)
+            value = compute(settings, index, context)
         except BaseException:
             if context.wrote_files:
-                shutil.rmtree(result_path, ignore_errors=True)
+                shutil.rmtree(context.result_path, ignore_errors=True)
             error = traceback.format_exc()
-            if value_is_the_problem(error):
-                error += f"compute_unit of unit {index} must return a JSON value (or None and write files)\n"
             break
         finally:
-            scratch.remove()
+            if scratch._created:
+                scratch.remove()
             for output in outputs:
                 output.end_unit()
         if context.wrote_files:
-            ledger.place_result(result_path, index)
+            ledger.place_result(Path(context.result_path), index)
         packed = packed or value is not None or not context.wrote_files
         values.append(value)
-        seconds.add(time.perf_counter() - start)
+        durations.append(clock() - start)
     else:
         index = claim.last + 1
     if slot is not None:
         slot[_SINCE] = 0.0
     if packed and index > claim.first:
-        done = UnitRange(claim.first, index - 1)
-        data = json.dumps({"first": done.first, "last": done.last, "values": values[: done.size]})
-        ledger.write_pack(done, job.worker, data.encode())
-    return ClaimResult(claim, index, seconds, skipped, error)
+        try:
+            data = json.dumps({"first": claim.first, "last": index - 1, "values": values[: index - claim.first]})
+        except (TypeError, ValueError):
+            # The first unit whose value is no JSON fails; the units before it are kept.
+            bad = next(k for k, value in enumerate(values) if not _is_json(value))
+            error = (
+                f"compute_unit of unit {claim.first + bad} returned {type(values[bad]).__name__}, which is no JSON "
+                f"value: return a JSON value (or None and write files)\nTypeError: compute_unit of unit "
+                f"{claim.first + bad} returned a {type(values[bad]).__name__}, not a JSON value\n"
+            )
+            index = claim.first + bad
+            del durations[bad:]
+            data = json.dumps({"first": claim.first, "last": index - 1, "values": values[:bad]})
+        if index > claim.first:
+            ledger.write_pack(UnitRange(claim.first, index - 1), job.worker, data.encode())
+    return ClaimResult(claim, index, SecondsSketch.of(durations), skipped, error)
 
 
-def value_is_the_problem(error: str) -> bool:
-    return "is not JSON serializable" in error
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _process_main(conn: Connection, job: UnitJob, slot: Any) -> None:

@@ -67,6 +67,19 @@ class SecondsSketch:
             if len(self.exact) > EXACT_UNITS:
                 self.exact = None
 
+    @classmethod
+    def of(cls, seconds: list[float]) -> SecondsSketch:
+        """The sketch of a list of seconds (one loop, no call per value beyond the logarithm)."""
+        bins: dict[int, int] = {}
+        log2, floor = math.log2, math.floor
+        for value in seconds:
+            b = floor(log2(value if value > MIN_SECONDS else MIN_SECONDS) * BINS_PER_OCTAVE)
+            bins[b] = bins.get(b, 0) + 1
+        exact = [round(value, 6) for value in seconds] if len(seconds) <= EXACT_UNITS else None
+        if not seconds:
+            return cls()
+        return cls(len(seconds), sum(seconds), min(seconds), max(seconds), bins, exact)
+
     def merge(self, other: SecondsSketch) -> None:
         if not other.count:
             return

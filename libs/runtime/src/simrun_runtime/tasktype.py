@@ -50,15 +50,16 @@ class TaskSettings(BaseModel):
 class _Scratch:
     """A scratch directory on the local disk, created on first use and removed by the runtime afterwards."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, path: Path | str) -> None:
+        self._path = path  # a str until used: a unit that never asks for it costs no Path
         self._created = False
 
     def get(self) -> Path:
         if not self._created:
+            self._path = Path(self._path)
             self._path.mkdir(parents=True, exist_ok=True)
             self._created = True
-        return self._path
+        return Path(self._path)
 
     def remove(self) -> None:
         if self._created:
@@ -79,7 +80,7 @@ class UnitContext:
     """
 
     index: int
-    result_path: Path
+    result_path: Path | str
     inputs: dict[str, Path]
     worker: str = "w0"
     provenance: Path | None = None
@@ -91,10 +92,11 @@ class UnitContext:
         """An empty directory to write the unit's files into, created when first asked for; the runtime renames
         it to `units/results/<index>/` once `compute_unit` returns, so a unit's files appear whole or not at all.
         A unit whose results are small returns them from `compute_unit` instead and creates no file at all."""
+        path = Path(self.result_path)
         if not self._used:
-            self.result_path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True)
             self._used = True
-        return self.result_path
+        return path
 
     @property
     def wrote_files(self) -> bool:
