@@ -95,6 +95,10 @@ class TypeDescription(BaseModel):
     settings: dict[str, Any] | None = Field(default=None, description="The validated settings, defaults filled in.")
     units: int | None = Field(default=None, description="The unit count of a split type for the settings.")
     cost_value: str | None = None
+    unit_timeout_s: float | None = Field(
+        default=None, description="A split type's own time limit of a unit, seconds (None: none declared)."
+    )
+    unit_retries: int | None = Field(default=None, description="How often a split type retries a failed unit.")
 
 
 def describe_type(
@@ -118,6 +122,9 @@ def describe_type(
         command=list(cls.command) if isinstance(task_type, UnsplitTaskType) and cls.command else None,
         doc=(cls.__doc__ or "").strip(),
     )
+    if isinstance(task_type, SplitTaskType):
+        description.unit_timeout_s = cls.unit_timeout_s  # type: ignore[attr-defined]
+        description.unit_retries = cls.unit_retries  # type: ignore[attr-defined]
     if settings is None:
         return description
     description.settings_checked = True
