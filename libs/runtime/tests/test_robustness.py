@@ -83,12 +83,13 @@ def test_a_merge_that_raises_or_returns_no_dict_fails_the_task_with_its_message(
 
 
 def test_a_units_output_reaches_the_pods_log_with_every_line_prefixed(pods: Any) -> None:
-    run = pods.lay_out("say", "scan", SCAN, {"points": 4, "say": True})
+    run = pods.lay_out("say", "scan", SCAN, {"points": 4, "say": True, "sleep_s": 0.1})
     done = pods.run(pods.env(run, "scan", processes=2))
     assert done.returncode == 0, done.stderr
     for index in range(4):
         assert f"[unit {index}] hello from {index}\n" in done.stdout
         assert f"[unit {index}] working on {index}...\n" in done.stderr
+        assert f"[unit {index}] from a subprocess of {index}\n" in done.stdout
     assert all(line.startswith("[unit ") for line in done.stdout.splitlines())
 
 

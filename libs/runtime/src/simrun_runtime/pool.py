@@ -4,7 +4,8 @@ A process computes the units of a claim one after the other, writes the values t
 the claim and sends back one message per claim: what the parent does per unit is nothing. It records the unit it
 is computing and since when in memory it shares with the parent, so the parent kills a unit past its time limit
 (and forks a new process in its place) without a message per unit. What a unit prints through `sys.stdout` or
-`sys.stderr` reaches the pod's log with every line prefixed `[unit N] `.
+`sys.stderr` reaches the pod's log with every line prefixed `[unit N] `; what its subprocesses or C code write
+to file descriptors 1 and 2 is prefixed with the unit being computed when the process's reader thread reads it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import multiprocessing.connection
 import os
 import shutil
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -114,6 +116,47 @@ class UnitOutput(io.TextIOBase):
         return getattr(self._target, "encoding", "utf-8")
 
 
+class FdOutput:
+    """What is written to file descriptor 1 or 2 of a pool process directly (a unit's subprocess, a C library):
+    read from a pipe by a thread of the process and passed on with every line prefixed by the unit being
+    computed when it is read. Nothing runs while units are silent."""
+
+    def __init__(self, fd: int, target: int, slot: Any) -> None:
+        self._read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        self._fd = fd
+        self._target = target
+        self._slot = slot
+        self._thread = threading.Thread(target=self._loop, name=f"simrun-output-{fd}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        partial = b""
+        while True:
+            try:
+                data = os.read(self._read, 65536)
+            except OSError:
+                return
+            if not data:
+                break
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()
+            if lines:
+                prefix = b"[unit %d] " % int(self._slot[_UNIT])
+                with contextlib.suppress(OSError):
+                    os.write(self._target, b"".join(prefix + line + b"\n" for line in lines))
+        if partial:
+            with contextlib.suppress(OSError):
+                os.write(self._target, b"[unit %d] " % int(self._slot[_UNIT]) + partial + b"\n")
+
+    def close(self) -> None:
+        """Ends the pipe (this process's end of it) and passes on what is left in it."""
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        self._thread.join(timeout=2)
+
+
 def compute_claim(
     job: UnitJob, claim: UnitRange, slot: Any = None, outputs: tuple[UnitOutput, ...] = ()
 ) -> ClaimResult:
@@ -204,16 +247,29 @@ def _is_json(value: Any) -> bool:
 
 def _process_main(conn: Connection, job: UnitJob, slot: Any) -> None:
     child_signals()
-    outputs = (UnitOutput(sys.stdout), UnitOutput(sys.stderr))
+    # The pod's own stdout and stderr, which the prefixed lines go to; fds 1 and 2 become pipes of FdOutput.
+    out, err = os.dup(1), os.dup(2)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    captured = (FdOutput(1, out, slot), FdOutput(2, err, slot))
+    outputs = (
+        UnitOutput(open(out, "w", buffering=1, closefd=False)),  # noqa: SIM115 - lives as long as the process
+        UnitOutput(open(err, "w", buffering=1, closefd=False)),  # noqa: SIM115
+    )
     sys.stdout, sys.stderr = outputs  # type: ignore[assignment]
-    while True:
-        try:
-            claim = conn.recv()
-        except EOFError:
-            return
-        if claim is None:
-            return
-        conn.send(compute_claim(job, claim, slot, outputs))
+    try:
+        while True:
+            try:
+                claim = conn.recv()
+            except EOFError:
+                return
+            if claim is None:
+                return
+            conn.send(compute_claim(job, claim, slot, outputs))
+    finally:
+        for output in captured:
+            output.close()
 
 
 @dataclass

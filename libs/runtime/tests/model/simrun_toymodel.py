@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,7 @@ class Scan(SplitTaskType):
             print(f"hello from {index}")
             print(f"working on {index}", end="", file=sys.stderr)
             print("...", file=sys.stderr)
+            subprocess.run([sys.executable, "-c", f"print('from a subprocess of {index}')"], check=True)
         if settings.hang_unit == index:
             first = settings.hang_once is None or not Path(settings.hang_once).exists()
             if settings.hang_once is not None:
