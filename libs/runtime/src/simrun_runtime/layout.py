@@ -14,7 +14,7 @@ MERGE_MARKER = ".merged"
 PROGRESS = "progress.jsonl"
 UNIT_COUNT = "count"
 FAILURE = "failure.json"
-PACK_SUFFIX = ".json"
+VALUES_SUFFIX = ".jsonl"
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,10 @@ class LedgerLayout:
     def failed_entry(self, name: str) -> Path:
         return self.failed / name
 
-    def pack(self, name: str) -> Path:
-        """The values a claim's units returned, one file per claim: `results/<first>-<last>.json`."""
-        return self.results / f"{name}{PACK_SUFFIX}"
-
-    def pack_tmp(self, name: str, worker: str, pid: int) -> Path:
-        return self.tmp / f"{name}.{worker}.{pid}{PACK_SUFFIX}"
+    def values_log(self, worker: str, process: str) -> Path:
+        """The values the units of one pool process returned, a line per claim (`{"first", "last", "values"}`):
+        `results/<worker>.<process>.jsonl`, `process` its pid and a random token (pids repeat across pods)."""
+        return self.results / f"{worker}.{process}{VALUES_SUFFIX}"
 
     def heartbeat(self, worker: str) -> Path:
         return self.heartbeats / worker

@@ -13,10 +13,11 @@ the rest (one rename): at every moment each unit is held by at most one worker, 
 one worker overlap on is given back once. A ledger written before ranges (one entry per unit) is the special
 case of ranges of one unit and completes and merges as it is.
 
-A claim's results are written in `tmp/` and renamed into `results/`: the values its units returned in one file
-per claim, `results/<r>.json`, and the files of units that wrote files in `results/<i>/`. A second computation
-of the same units finds its done rename refused and discards its copy (or replaces an identical one), which is
-harmless since a unit's output depends on the settings and its index only.
+A claim's results are in place before its done rename: the values its units returned as one line of its pool
+process's log, `results/<worker>.<process>.jsonl` (one file per process, not per unit or claim), and the files
+of units that wrote files written in `tmp/` and renamed to `results/<i>/`. A second computation of the same
+units adds a line with the same values, or finds its rename refused and discards its files, which is harmless
+since a unit's output depends on the settings and its index only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import errno
+import json
 import os
 import shutil
 import time
@@ -33,9 +35,10 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from simrun_runtime.files import write_bytes_atomic
-from simrun_runtime.layout import LedgerLayout, TaskLayout
+from simrun_runtime.layout import VALUES_SUFFIX, LedgerLayout, TaskLayout
 
 # The concepts page: claims of a worker whose heartbeat is older than the grace period plus a minute are stale.
 STALE_MARGIN_S = 60.0
@@ -472,18 +475,38 @@ class Ledger:
             return False
         return True
 
-    def write_pack(self, unit: UnitRange, worker: str, data: bytes) -> None:
-        """Puts the values of a claim's units in place as `results/<first>-<last>.json` (written aside, renamed;
-        an identical copy of a second computation replaces the first). No fsync: the done rename follows, and a
-        pack lost with its machine is found missing by the merge, not read half-written."""
-        name = UnitRange(unit.first, unit.last).name
-        tmp = self.layout.pack_tmp(name, worker, os.getpid())
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, self.layout.pack(name))
+    def append_values(self, log: Path, unit: UnitRange, values: list[Any]) -> None:
+        """Appends the values of a claim's units to its process's log, one line written whole, and closes the
+        file (which on NFS puts the data on the server), all before the claim's done rename."""
+        line = json.dumps({"first": unit.first, "last": unit.last, "values": values}, separators=(",", ":"))
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
 
-    def pack_path(self, unit: UnitRange) -> Path:
-        return self.layout.pack(UnitRange(unit.first, unit.last).name)
+    def values(self) -> tuple[list[Any], IntervalSet]:
+        """What every unit returned, read in bulk from the logs of the pool processes, and which units the logs
+        cover (a unit computed twice is on two lines with the same value; a line cut short by a kill is left)."""
+        values: list[Any] = [None] * self.count
+        covered = IntervalSet()
+        with os.scandir(self.layout.results) as entries:
+            logs = [entry.path for entry in entries if entry.name.endswith(VALUES_SUFFIX)]
+        for log in sorted(logs):
+            with open(log, "rb") as f:
+                for line in f:
+                    if not line.endswith(b"\n"):
+                        continue
+                    try:
+                        data = json.loads(line)
+                        first, last, unit_values = int(data["first"]), int(data["last"]), data["values"]
+                    except (ValueError, KeyError, TypeError):
+                        continue
+                    if len(unit_values) != last - first + 1 or not 0 <= first <= last < self.count:
+                        continue
+                    values[first : last + 1] = unit_values
+                    covered.add(first, last)
+        return values, covered
 
     def remove_tmp_of(self, worker: str, index: int) -> None:
         """Removes what a killed process of `worker` left unfinished of unit `index`."""

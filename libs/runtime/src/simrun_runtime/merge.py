@@ -19,7 +19,7 @@ from typing import Any
 
 from simrun_runtime.files import write_bytes_atomic, write_json_atomic
 from simrun_runtime.layout import SUMMARY, TaskLayout
-from simrun_runtime.ledger import IntervalSet, Ledger, LedgerError
+from simrun_runtime.ledger import Ledger, LedgerError
 from simrun_runtime.pod import (
     EXIT_DONE,
     EXIT_FAILED,
@@ -90,43 +90,29 @@ def _remove_leftovers(task: TaskLayout) -> None:
             continue
 
 
-def check_complete(setup: TaskSetup) -> Ledger:
-    """The task's ledger, checked to be complete with every unit's results in place: the file of values of each
-    done claim, or (a claim without one) each unit's `results/<i>/`."""
+def check_complete(setup: TaskSetup) -> tuple[Ledger, list[Any]]:
+    """The task's ledger, checked to be complete with every unit's results in place (its value in a log of
+    values, or its `results/<i>/`), and what every unit returned."""
     ledger = Ledger.of(setup.task)
     if not ledger.exists():
         raise LedgerError(f"task {setup.task.task_id!r} has no ledger at {ledger.layout.root}")
-    ranges = ledger.done_ranges()
-    done = IntervalSet()
-    for unit in ranges:
-        done.add(unit.first, unit.last)
+    done = ledger.done()
     if done.total < ledger.count:
         raise LedgerError(
             f"the ledger of task {setup.task.task_id!r} is not complete: {done.total} of {ledger.count} units done"
         )
-    missing = [
-        index
-        for unit in ranges
-        if not ledger.pack_path(unit).is_file()
-        for index in unit.indices()
-        if not ledger.has_result(index)
-    ]
+    values, covered = ledger.values()
+    missing = []
+    expected = 0
+    for first, last in [*covered.ranges(), (ledger.count, ledger.count)]:
+        # Units no log covers must have their files (one stat each; none for units that returned values).
+        missing.extend(index for index in range(expected, min(first, ledger.count)) if not ledger.has_result(index))
+        if len(missing) >= 10:
+            break
+        expected = last + 1
     if missing:
         raise LedgerError(f"units {missing[:10]} of task {setup.task.task_id!r} are done but have no results")
-    return ledger
-
-
-def load_values(ledger: Ledger) -> list[Any]:
-    """What every unit's `compute_unit` returned, in index order, read from one file per done claim."""
-    values: list[Any] = [None] * ledger.count
-    for unit in ledger.done_ranges():
-        try:
-            data = json.loads(ledger.pack_path(unit).read_bytes())
-        except FileNotFoundError:
-            continue  # units that wrote files only
-        first = int(data["first"])
-        values[first : first + len(data["values"])] = data["values"]
-    return values
+    return ledger, values
 
 
 def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> dict[str, Any]:
@@ -134,7 +120,7 @@ def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> d
     task_type = setup.task_type
     if not isinstance(task_type, SplitTaskType):
         raise UsageError(f"task type {setup.type_name} is not split; it has nothing to merge")
-    ledger = check_complete(setup)
+    ledger, values = check_complete(setup)
     token = f"{by}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     build, outputs = build_outputs(setup.task, type(task_type).outputs, token)
     with tempfile.TemporaryDirectory(prefix="simrun-merge-", dir=scratch_root) as scratch:
@@ -144,7 +130,7 @@ def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> d
             outputs=outputs,
             inputs=setup.inputs,
             scratch_dir=Path(scratch),
-            _load_values=lambda: load_values(ledger),
+            _load_values=lambda: values,
         )
         summary = task_type.merge(setup.settings, context)
     if summary is None:

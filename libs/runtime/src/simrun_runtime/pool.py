@@ -1,11 +1,12 @@
 """The local pool of a worker pod: forked processes that compute claims (ranges of units) as they are claimed.
 
-A process computes the units of a claim one after the other, writes the values they returned into one file for
-the claim and sends back one message per claim: what the parent does per unit is nothing. It records the unit it
-is computing and since when in memory it shares with the parent, so the parent kills a unit past its time limit
-(and forks a new process in its place) without a message per unit. What a unit prints through `sys.stdout` or
-`sys.stderr` reaches the pod's log with every line prefixed `[unit N] `; what its subprocesses or C code write
-to file descriptors 1 and 2 is prefixed with the unit being computed when the process's reader thread reads it.
+A process computes the units of a claim one after the other, appends the values they returned as one line to its
+own log of values and sends back one message per claim: what the parent does per unit is nothing. It records the
+unit it is computing and since when in memory it shares with the parent, so the parent kills a unit past its
+time limit (and forks a new process in its place) without a message per unit. What a unit prints through
+`sys.stdout` or `sys.stderr` reaches the pod's log with every line prefixed `[unit N] `; what its subprocesses or
+C code write to file descriptors 1 and 2 is prefixed with the unit being computed when the process's reader
+thread reads it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import io
 import json
 import multiprocessing.connection
 import os
+import secrets
 import shutil
 import sys
 import threading
@@ -158,12 +160,18 @@ class FdOutput:
 
 
 def compute_claim(
-    job: UnitJob, claim: UnitRange, slot: Any = None, outputs: tuple[UnitOutput, ...] = ()
+    job: UnitJob,
+    claim: UnitRange,
+    slot: Any = None,
+    outputs: tuple[UnitOutput, ...] = (),
+    values_log: Path | None = None,
 ) -> ClaimResult:
     """Computes the units of `claim` in order; writes the values they returned into the claim's file, and renames
     the files of units that wrote files into `results/<i>/`. A unit that raises ends the claim there."""
     ledger = job.ledger
     pid = os.getpid()
+    if values_log is None:
+        values_log = process_log(job)
     tmp = f"{ledger.layout.tmp}/"
     suffix = f".{job.worker}.{pid}"
     scratch_prefix = f"{job.scratch_root}/{job.worker}-{pid}-"
@@ -177,7 +185,7 @@ def compute_claim(
     clock = time.perf_counter
     durations: list[float] = []
     values: list[Any] = []
-    packed = False  # some unit returned a value or wrote no files: the claim needs its file of values
+    packed = False  # some unit returned a value or wrote no files: the claim needs its line of values
     skipped = 0
     error: str | None = None
     index = claim.first
@@ -219,22 +227,27 @@ def compute_claim(
     if slot is not None:
         slot[_SINCE] = 0.0
     if packed and index > claim.first:
-        try:
-            data = json.dumps({"first": claim.first, "last": index - 1, "values": values[: index - claim.first]})
-        except (TypeError, ValueError):
+        kept = values[: index - claim.first]
+        bad = next((k for k, value in enumerate(kept) if value is not None and not _is_json(value)), None)
+        if bad is not None:
             # The first unit whose value is no JSON fails; the units before it are kept.
-            bad = next(k for k, value in enumerate(values) if not _is_json(value))
+            kind = type(kept[bad]).__name__
             error = (
-                f"compute_unit of unit {claim.first + bad} returned {type(values[bad]).__name__}, which is no JSON "
-                f"value: return a JSON value (or None and write files)\nTypeError: compute_unit of unit "
-                f"{claim.first + bad} returned a {type(values[bad]).__name__}, not a JSON value\n"
+                f"compute_unit of unit {claim.first + bad} returned a {kind}: return a JSON value (or None and "
+                f"write files)\nTypeError: compute_unit of unit {claim.first + bad} returned a {kind}, "
+                "not a JSON value\n"
             )
             index = claim.first + bad
             del durations[bad:]
-            data = json.dumps({"first": claim.first, "last": index - 1, "values": values[:bad]})
+            kept = kept[:bad]
         if index > claim.first:
-            ledger.write_pack(UnitRange(claim.first, index - 1), job.worker, data.encode())
+            ledger.append_values(values_log, UnitRange(claim.first, index - 1), kept)
     return ClaimResult(claim, index, SecondsSketch.of(durations), skipped, error)
+
+
+def process_log(job: UnitJob) -> Path:
+    """The log of values of this process (its pid and a random token: pids repeat in the pods of a task)."""
+    return job.ledger.layout.values_log(job.worker, f"{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _is_json(value: Any) -> bool:
@@ -258,6 +271,7 @@ def _process_main(conn: Connection, job: UnitJob, slot: Any) -> None:
         UnitOutput(open(err, "w", buffering=1, closefd=False)),  # noqa: SIM115
     )
     sys.stdout, sys.stderr = outputs  # type: ignore[assignment]
+    log = process_log(job)
     try:
         while True:
             try:
@@ -266,7 +280,7 @@ def _process_main(conn: Connection, job: UnitJob, slot: Any) -> None:
                 return
             if claim is None:
                 return
-            conn.send(compute_claim(job, claim, slot, outputs))
+            conn.send(compute_claim(job, claim, slot, outputs, log))
     finally:
         for output in captured:
             output.close()

@@ -154,7 +154,7 @@ class MergeContext:
         return self._all_values()[index]
 
     def values(self) -> Iterator[tuple[int, Any]]:
-        """Every unit's index and returned value in index order, read in bulk (one file per claim)."""
+        """Every unit's index and returned value in index order, read in bulk (a log of values per pool process)."""
         yield from enumerate(self._all_values())
 
 

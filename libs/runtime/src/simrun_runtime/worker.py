@@ -3,7 +3,7 @@
 Every worker claims ranges of units into its local pool of SIMRUN_PROCESSES processes, marks them done and
 appends one line per claim to progress.jsonl; it touches its heartbeat meanwhile. It claims one unit at a time
 until it has measured the units' seconds, then as many consecutive units as take about `CLAIM_TARGET_S`, so
-short units cost one claim, one file of values, one done rename and one progress line per claim rather than
+short units cost one claim, one line of values, one done rename and one progress line per claim rather than
 per unit. A unit past its time limit is killed and counts as failed; a failed unit is given back for another
 try (on another worker when there is one) as often as its type retries, and then fails the task: the worker
 writes `failure.json`, naming the unit, the exception and the worker, and exits 1. An extra worker exits when
