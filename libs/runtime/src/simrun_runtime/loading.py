@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,9 @@ def load_task_type(name: str, model_root: Path | str | None = None) -> TaskType:
                 raise TaskTypeError(f"module {module_name!r} has no {qualname!r}: check the task type {name!r}")
             obj = getattr(obj, part)
     else:
+        # Imported here: importlib.metadata is a fifth of a pod's start, and `module:Class` names never need it.
+        from importlib import metadata
+
         found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
         if not found:
             known = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
