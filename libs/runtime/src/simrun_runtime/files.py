@@ -13,6 +13,7 @@ def write_bytes_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     """Writes `data` to a temporary file beside `path`, flushes it (to the disk too unless `fsync` is false: a
     file rewritten often, whose last version is written with fsync), and renames it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Unique per process and thread: two threads of a server may write the same file at once.
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.write(data)
