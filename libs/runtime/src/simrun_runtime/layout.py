@@ -15,7 +15,6 @@ MERGE_MARKER = ".merged"
 PROGRESS = "progress.jsonl"
 FAILURE = "failure.json"
 UNIT_COUNT = "count"
-FAILURE = "failure.json"
 VALUES_SUFFIX = ".jsonl"
 
 WORKER_NAME = re.compile(r"w[0-9]{1,6}|exec|merge")
@@ -170,18 +169,13 @@ class TaskLayout:
 
     @property
     def failure(self) -> Path:
-        """Why the task failed, as the runtime saw it (the unit, the exception, the worker), written atomically."""
+        """Why the task failed, as the runtime saw it: `{"message", "unit", "worker", "exception", "detail"}`,
+        written atomically before the pod exits non-zero; the tracker shows its message as the task's."""
         return self.root / FAILURE
 
     @property
     def progress(self) -> Path:
         return self.root / PROGRESS
-
-    @property
-    def failure(self) -> Path:
-        """Why the task failed: `{"message", "unit", "worker", "exception", "detail"}`, written before the pod
-        exits non-zero; the tracker shows its message as the task's."""
-        return self.root / FAILURE
 
 
 @dataclass(frozen=True)
