@@ -176,6 +176,9 @@ class Worker:
             fail(PROG, message)
             self.pool.kill()
             return self.keeper.finish(WorkerEnd.FAILED, EXIT_USAGE, message)
+        if self.coordinator and not ledger.has_failed():
+            # An account of an earlier incarnation's failure (a merge that failed) is not this one's.
+            self.setup.task.failure.unlink(missing_ok=True)
         heartbeat = Heartbeat(ledger, self.env.worker, stuck_after_s=self.unit_timeout_s).start()
         progress = ProgressLog(self.setup.task.progress)
         try:
