@@ -190,6 +190,8 @@ BAD_INPUTS = [
     ("unsplit type", {}, {"type": "simrun_toymodel:Shell"}, r"is not split: run task 'scan' with simrun-exec"),
     ("no run dir", {}, {"SIMRUN_RUN_DIR": ""}, r"SIMRUN_RUN_DIR is not set"),
     ("bad processes", {}, {"SIMRUN_PROCESSES": "two"}, r"SIMRUN_PROCESSES='two' is not a number"),
+    ("zero unit timeout", {}, {"SIMRUN_UNIT_TIMEOUT_S": "0"}, r"SIMRUN_UNIT_TIMEOUT_S='0' must be .* > 0"),
+    ("bad unit timeout", {}, {"SIMRUN_UNIT_TIMEOUT_S": "soon"}, r"SIMRUN_UNIT_TIMEOUT_S='soon' is not a number"),
 ]
 
 

@@ -86,7 +86,6 @@ def run_command(
                 process.kill()
                 process.wait()
             return EXIT_STOPPED, None, "stopped on SIGTERM"
-        keeper.write_every(10)
     if returncode != 0:
         code = signal_exit_code(returncode)
         return code, None, f"the command {task_type.command[0]!r} exited with status {code}"
@@ -116,7 +115,7 @@ def run_callable(
         task_id=setup.task.task_id,
         provenance=env.provenance,
     )
-    outcome = run_in_child(lambda: task_type.run(setup.settings, context), stopper, tick=lambda: keeper.write_every(10))
+    outcome = run_in_child(lambda: task_type.run(setup.settings, context), stopper)
     if outcome.stopped:
         return EXIT_STOPPED, None, "stopped on SIGTERM"
     if outcome.error is not None:

@@ -146,7 +146,7 @@ def run_merge(setup: TaskSetup, env: PodEnv, keeper: ReportKeeper, stopper: Stop
     """Merges in a child process (so SIGTERM can stop it at once) and ends the report; returns the exit code."""
     if is_merged(setup.task):
         return keeper.finish(WorkerEnd.DONE, EXIT_DONE, "already merged")
-    outcome = run_in_child(lambda: merge_task(setup, by, env.scratch), stopper, tick=lambda: keeper.write_every(10))
+    outcome = run_in_child(lambda: merge_task(setup, by, env.scratch), stopper)
     if outcome.stopped:
         return keeper.finish(WorkerEnd.STOPPED, EXIT_STOPPED, "stopped on SIGTERM during the merge")
     if outcome.error is not None:

@@ -325,9 +325,6 @@ class ReportKeeper:
             data = self.report.model_dump(mode="json")
         write_json_atomic(self.report.path(self.task), data, fsync=fsync)
 
-    def write_every(self, seconds: float) -> None:
-        """Kept for callers of the earlier API: the report's own thread rewrites it."""
-
     def finish(self, ended: WorkerEnd, exit_code: int, message: str = "") -> int:
         self._stop.set()
         if self._thread is not None:
