@@ -198,19 +198,27 @@ def tiny_units(root: Path, model_root: Path, label: str, sizes: list[int], proce
         "| bytes/unit | coordinator MB | merge s"
     )
     medians: dict[int, tuple[float, float, float]] = {}
+    cpu_medians: dict[int, tuple[float, float, float]] = {}
     for units in sizes:
         rows = []
         for repeat in range(repeats):
             run_id = f"tiny-{units}-{repeat}"
+            cpu = children_cpu_s()
             w, rss, task = time_worker(root / "store", model_root, run_id, units, TINY_LOOPS, processes)
+            w_cpu, cpu = children_cpu_s() - cpu, children_cpu_s()
             inodes, size = disk_use(task.root)
             merge_s = time_merge(task)
             p = time_baseline("pool", model_root, units, TINY_LOOPS, processes)
+            p_cpu, cpu = children_cpu_s() - cpu, children_cpu_s()
             j = time_baseline("joblib", model_root, units, TINY_LOOPS, processes)
-            rows.append((w, p, j, inodes / units, size / units, rss, merge_s))
+            j_cpu = children_cpu_s() - cpu
+            rows.append((w, p, j, inodes / units, size / units, rss, merge_s, w_cpu, p_cpu, j_cpu))
             shutil.rmtree(task.root.parent.parent)
-        w, p, j, inodes, size, rss, merge_s = (statistics.median(r[k] for r in rows) for k in range(7))
+        w, p, j, inodes, size, rss, merge_s, w_cpu, p_cpu, j_cpu = (
+            statistics.median(r[k] for r in rows) for k in range(10)
+        )
         medians[units] = (w, p, j)
+        cpu_medians[units] = (w_cpu, p_cpu, j_cpu)
         ratio_p = statistics.median(r[0] / r[1] for r in rows)
         ratio_j = statistics.median(r[0] / r[2] for r in rows)
         print(
@@ -226,6 +234,11 @@ def tiny_units(root: Path, model_root: Path, label: str, sizes: list[int], proce
             f"   marginal µs per unit {small} -> {large}: simrun-worker {marginal[0]:.1f}, Pool {marginal[1]:.1f}, "
             f"joblib {marginal[2]:.1f} (goal: simrun-worker ≤ 50; under load the start of an interpreter varies by "
             f"tenths of a second, which the µs per unit of the whole run bound from above)"
+        )
+        cpu = [(cpu_medians[large][k] - cpu_medians[small][k]) / span * 1e6 for k in range(3)]
+        print(
+            f"   marginal CPU µs per unit (all processes; less changed by other load): simrun-worker {cpu[0]:.1f}, "
+            f"Pool {cpu[1]:.1f}, joblib {cpu[2]:.1f}"
         )
 
 
