@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -63,6 +64,9 @@ STALE_CHECK_S = 2.0
 CLAIM_TARGET_S = 0.05
 # A claim grows at most this much from one to the next, so one fast unit does not claim a whole range at once.
 CLAIM_GROWTH = 4
+# Short claims are queued to each process for about this long, at most this many.
+QUEUED_S = 0.2
+MAX_QUEUED = 8
 # The time limit of a unit when neither the workflow nor the type sets one: a day.
 DEFAULT_UNIT_TIMEOUT_S = 86_400.0
 
@@ -201,6 +205,19 @@ class Worker:
         self.last_want = max(1, min(target, self.last_want * CLAIM_GROWTH))
         return self.last_want
 
+    def max_in_flight(self) -> int:
+        """Claims sent to the pool at most: one per process plus `PREFETCH`; for claims shorter than `QUEUED_S`,
+        as many per process as take `QUEUED_S`, so a process never waits for this loop, which on a busy machine
+        may be scheduled tens of milliseconds late (at most `MAX_QUEUED` a process, a fraction of a second)."""
+        processes = self.env.processes
+        base = processes + min(processes, PREFETCH)
+        if self.unit_estimate_s is None:
+            return base
+        claim_s = max(self.last_want * self.unit_estimate_s, 1e-6)
+        if claim_s >= QUEUED_S:
+            return base
+        return max(base, processes * (1 + min(MAX_QUEUED, math.ceil(QUEUED_S / claim_s))))
+
     def _learn(self, result: ClaimResult) -> None:
         if result.seconds.count:
             mean = result.seconds.total / result.seconds.count
@@ -214,7 +231,6 @@ class Worker:
         worker = self.env.worker
         taken_back = deque(ledger.take_back(worker))
         claimer = ledger.claimer(worker, self.avoid)
-        max_in_flight = self.env.processes + min(self.env.processes, PREFETCH)
         limit_s = self.unit_timeout_s
         exhausted = False
         last_check = time.monotonic()
@@ -229,7 +245,7 @@ class Worker:
                 if self.coordinator:
                     ledger.release_stale(self.env.grace_s, exclude=worker)
                     ledger.release_overdue(limit_s, exclude=worker)
-            while pool.in_flight < max_in_flight and not exhausted:
+            while pool.in_flight < self.max_in_flight() and not exhausted:
                 claim = taken_back.popleft() if taken_back else claimer.claim(self.want())
                 if claim is None:
                     exhausted = True
