@@ -132,7 +132,7 @@ def test_a_failed_unit_carries_its_failures_and_is_tried_last_by_the_worker_it_f
     ledger = Ledger.of(task)
     assert ledger.claim(1, "w1") and ledger.retry(UnitRange.one(1), "w1", 1)
     assert (task.units.pending / "1~1").exists() and ledger.pending_ranges()[1] == UnitRange(1, 1, 1)
-    claimer = ledger.claimer("w1", avoid={1})
+    claimer = ledger.claimer("w1", avoid={1: time.monotonic() - 60})
     assert sorted(unit.name for unit in (claimer.claim(), claimer.claim(), claimer.claim())) == ["0", "1~1", "2"]
     assert ledger.own_claims("w1")[1] == UnitRange(1, 1, 1)
     assert ledger.mark_failed(UnitRange(1, 1, 1), "w1", 2) and ledger.failed() == [UnitRange(1, 1, 2)]

@@ -187,3 +187,18 @@ def test_faults_at_100000_units_lose_nothing_and_change_nothing(pods: Any, helpe
     assert ledger.done_count() == units and ledger.claims() == {} and ledger.pending_ranges() == []
     assert reader.units_done() == units
     assert sum(1 for _ in task.units.root.rglob("*")) < 2_000  # per claim, not per unit
+
+
+def test_a_failed_unit_is_retried_on_another_worker(pods: Any, helpers: Any) -> None:
+    run = pods.lay_out("elsewhere", "scan", SCAN, {"points": 8, "sleep_s": 0.3, "fail_unit": 2})
+    task = run.task("scan")
+    started = {w: pods.start(pods.env(run, "scan", w)) for w in ("w0", "w1")}
+    outcomes = {w: helpers.finish(process) for w, process in started.items()}
+    assert {w: outcome[0] for w, outcome in outcomes.items()} == {"w0": 1, "w1": 1}
+    failure = json.loads(task.failure.read_text())
+    first = next(
+        w for w, outcome in outcomes.items() if "unit 2 failed on worker" in outcome[2] and "attempt 1" in outcome[2]
+    )
+    assert failure["unit"] == 2 and failure["message"].startswith("unit 2 failed on worker ")
+    assert failure["worker"] != first  # the second attempt ran on the other worker
+    assert not task.merge_marker.exists()

@@ -42,6 +42,8 @@ from simrun_runtime.layout import VALUES_SUFFIX, LedgerLayout, TaskLayout
 
 # The concepts page: claims of a worker whose heartbeat is older than the grace period plus a minute are stale.
 STALE_MARGIN_S = 60.0
+# A unit a worker failed is left this long to other live workers before it tries the unit again itself.
+RETRY_ELSEWHERE_S = 10.0
 # Pending ranges a new ledger starts with, at most: enough for many pods to start on different ranges, few
 # enough that a ledger of a million units is a few hundred files.
 BLOCKS = 64
@@ -238,8 +240,10 @@ class Ledger:
             delay = min(delay * 1.5, max_poll_s)
         return True
 
-    def claimer(self, worker: str, avoid: set[int] | None = None) -> Claimer:
-        return Claimer(self, worker, avoid if avoid is not None else set())
+    def claimer(
+        self, worker: str, avoid: dict[int, float] | None = None, others_alive: Callable[[], bool] | None = None
+    ) -> Claimer:
+        return Claimer(self, worker, avoid if avoid is not None else {}, others_alive)
 
     @staticmethod
     def _rename(source: Path | str, target: Path | str) -> bool:
@@ -416,6 +420,19 @@ class Ledger:
             return None
         return (time.time() if now is None else now) - mtime
 
+    def others_alive(self, worker: str, within_s: float) -> bool:
+        """Another worker touched its heartbeat within `within_s` seconds."""
+        now = time.time()
+        with os.scandir(self.layout.heartbeats) as entries:
+            for entry in entries:
+                if entry.name != worker and not entry.name.startswith("."):
+                    try:
+                        if now - entry.stat().st_mtime <= within_s:
+                            return True
+                    except FileNotFoundError:
+                        continue
+        return False
+
     def release_stale(self, grace_s: float, exclude: str, now: float | None = None) -> list[tuple[UnitRange, str]]:
         """Releases the claims of every other worker whose heartbeat is older than the grace period plus a
         minute (or missing): they died without releasing them. Returns the released (claim, worker) pairs."""
@@ -538,12 +555,19 @@ class Claimer:
     tried last, so their retry goes to another worker when there is one.
     """
 
-    def __init__(self, ledger: Ledger, worker: str, avoid: set[int]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        worker: str,
+        avoid: dict[int, float],
+        others_alive: Callable[[], bool] | None = None,
+    ) -> None:
         self.ledger = ledger
         self.worker = worker
         self.count = ledger.count
         self.offset = worker_offset(worker, self.count)
-        self.avoid = avoid
+        self.avoid = avoid  # unit -> when (time.monotonic) this worker failed it
+        self.others_alive = others_alive
         self._candidates: deque[UnitRange] = deque()
         self._next: UnitRange | None = None
         self.scans = 0
@@ -563,6 +587,8 @@ class Claimer:
                 continue
             elif deferred:
                 unit = deferred.pop(0)
+                if self._leave_to_others(unit):
+                    continue
                 if self.ledger.claim(unit, self.worker):
                     return unit
                 continue
@@ -582,6 +608,13 @@ class Claimer:
             if self.ledger.release(right, self.worker):
                 self._next = right
             return left
+
+    def _leave_to_others(self, unit: UnitRange) -> bool:
+        """A unit this worker failed is left to another live worker for `RETRY_ELSEWHERE_S` after the failure."""
+        failed_at = self.avoid.get(unit.first)
+        if failed_at is None or time.monotonic() - failed_at > RETRY_ELSEWHERE_S:
+            return False
+        return self.others_alive is not None and self.others_alive()
 
     def _rescan(self) -> list[UnitRange]:
         self.scans += 1

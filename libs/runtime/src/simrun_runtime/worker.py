@@ -126,7 +126,7 @@ class Worker:
     keeper: ReportKeeper
     pool: UnitPool
     scratch_root: Path
-    avoid: set[int] = field(default_factory=set)
+    avoid: dict[int, float] = field(default_factory=dict)
     unit_estimate_s: float | None = None
     last_want: int = 1
 
@@ -230,7 +230,7 @@ class Worker:
         """The worker loop; returns an exit code if the worker must end without merging, else None."""
         worker = self.env.worker
         taken_back = deque(ledger.take_back(worker))
-        claimer = ledger.claimer(worker, self.avoid)
+        claimer = ledger.claimer(worker, self.avoid, lambda: ledger.others_alive(worker, 3 * HEARTBEAT_S))
         limit_s = self.unit_timeout_s
         exhausted = False
         last_check = time.monotonic()
@@ -357,7 +357,7 @@ class Worker:
             print(f"[unit {index}] {line}", file=sys.stderr)
         if failures < attempts:
             ledger.retry(unit, worker, failures)
-            self.avoid.add(index)
+            self.avoid[index] = time.monotonic()
             print(
                 f"{PROG}: unit {index} failed on worker {worker} (attempt {failures} of {attempts}), "
                 f"given back for another try: {last}",
