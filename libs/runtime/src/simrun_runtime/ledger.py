@@ -214,6 +214,12 @@ class Ledger:
     layout: LedgerLayout
     _count: int | None = field(default=None, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        # Strings for the transitions, made per claim: a Path per name costs more than the rename it names.
+        self._pending = f"{self.layout.pending}/"
+        self._claimed = f"{self.layout.claimed}/"
+        self._done = f"{self.layout.done}/"
+
     @classmethod
     def of(cls, task: TaskLayout) -> Ledger:
         return cls(task.units)
@@ -256,18 +262,18 @@ class Ledger:
     def claim(self, unit: int | UnitRange, worker: str) -> bool:
         """Claims a pending entry for `worker`: one rename, refused if it is not pending."""
         name = as_range(unit).name
-        return self._rename(self.layout.pending_entry(name), self.layout.claimed_entry(name, worker))
+        return self._rename(f"{self._pending}{name}", f"{self._claimed}{name}@{worker}")
 
     def release(self, unit: int | UnitRange, worker: str) -> bool:
         """Gives a claim back to pending; False if the claim was no longer held."""
         name = as_range(unit).name
-        return self._rename(self.layout.claimed_entry(name, worker), self.layout.pending_entry(name))
+        return self._rename(f"{self._claimed}{name}@{worker}", f"{self._pending}{name}")
 
     def mark_done(self, unit: int | UnitRange, worker: str) -> bool:
         """Marks a claim done; False if it had been released meanwhile (its results are in place regardless)."""
         unit = as_range(unit)
         done = UnitRange(unit.first, unit.last).name
-        return self._rename(self.layout.claimed_entry(unit.name, worker), self.layout.done_entry(done))
+        return self._rename(f"{self._claimed}{unit.name}@{worker}", f"{self._done}{done}")
 
     def retry(self, unit: UnitRange, worker: str, failures: int) -> bool:
         """Gives a one-unit claim back to pending with its failures so far (`pending/<i>~<n>`)."""
@@ -283,8 +289,8 @@ class Ledger:
         """Splits a claim of `worker` into `first … at-1` and `at … last`, both still held by `worker`: a hard link
         to the second name, then a rename of the claim to the first. None if the claim was no longer held."""
         left, right = claim.split(at)
-        source = self.layout.claimed_entry(claim.name, worker)
-        second = self.layout.claimed_entry(right.name, worker)
+        source = f"{self._claimed}{claim.name}@{worker}"
+        second = f"{self._claimed}{right.name}@{worker}"
         try:
             os.link(source, second)
         except FileNotFoundError:
@@ -296,8 +302,9 @@ class Ledger:
                 raise
             # A file system without hard links: a new empty file of the second name.
             os.close(os.open(second, os.O_CREAT | os.O_WRONLY, 0o644))
-        if not self._rename(source, self.layout.claimed_entry(left.name, worker)):
-            second.unlink(missing_ok=True)
+        if not self._rename(source, f"{self._claimed}{left.name}@{worker}"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(second)
             return None
         return left, right
 

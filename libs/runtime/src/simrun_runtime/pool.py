@@ -63,6 +63,7 @@ class ClaimResult:
     seconds: SecondsSketch
     skipped: int = 0
     error: str | None = None
+    cpu_s: float = 0.0  # CPU seconds of the process over the units it computed (claims are sized by them)
 
     @property
     def complete(self) -> bool:
@@ -190,6 +191,7 @@ def compute_claim(
     error: str | None = None
     index = claim.first
     single = claim.size == 1
+    cpu_start = time.process_time()
     for index in claim.indices():
         if slot is not None:
             slot[_UNIT] = index
@@ -242,7 +244,8 @@ def compute_claim(
             kept = kept[:bad]
         if index > claim.first:
             ledger.append_values(values_log, UnitRange(claim.first, index - 1), kept)
-    return ClaimResult(claim, index, SecondsSketch.of(durations), skipped, error)
+    cpu_s = time.process_time() - cpu_start
+    return ClaimResult(claim, index, SecondsSketch.of(durations), skipped, error, cpu_s)
 
 
 def process_log(job: UnitJob) -> Path:

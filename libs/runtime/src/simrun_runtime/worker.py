@@ -62,6 +62,8 @@ STALE_CHECK_S = 2.0
 # A claim of short units is sized to take about this long: its fixed cost (a few renames, one file, one line,
 # two messages) is then well under 1% of it, and the last claims of a task still end close together.
 CLAIM_TARGET_S = 0.05
+# ... and at most this much wall time.
+CLAIM_WALL_S = 0.25
 # A claim grows at most this much from one to the next, so one fast unit does not claim a whole range at once.
 CLAIM_GROWTH = 4
 # Short claims are queued to each process for about this long, at most this many.
@@ -127,7 +129,8 @@ class Worker:
     pool: UnitPool
     scratch_root: Path
     avoid: dict[int, float] = field(default_factory=dict)
-    unit_estimate_s: float | None = None
+    unit_estimate_s: float | None = None  # CPU seconds of a unit: what a claim's fixed cost is weighed against
+    unit_wall_s: float | None = None
     last_want: int = 1
 
     @property
@@ -197,11 +200,13 @@ class Worker:
         return self.keeper.finish(WorkerEnd.DONE, EXIT_DONE)
 
     def want(self) -> int:
-        """How many consecutive units to claim next: one until units were measured, then about
-        `CLAIM_TARGET_S` of them, growing by at most `CLAIM_GROWTH` a claim."""
-        if self.unit_estimate_s is None:
+        """How many consecutive units to claim next: one until units were measured, then about `CLAIM_TARGET_S`
+        of CPU of them (CPU, so a machine busy with other work does not make units look long and claims short),
+        at most `CLAIM_WALL_S` of wall time (so units that wait rather than compute stay one a claim), growing by
+        at most `CLAIM_GROWTH` a claim."""
+        if self.unit_estimate_s is None or self.unit_wall_s is None:
             return 1
-        target = int(CLAIM_TARGET_S / max(self.unit_estimate_s, 1e-7))
+        target = int(min(CLAIM_TARGET_S / max(self.unit_estimate_s, 1e-7), CLAIM_WALL_S / max(self.unit_wall_s, 1e-7)))
         self.last_want = max(1, min(target, self.last_want * CLAIM_GROWTH))
         return self.last_want
 
@@ -213,16 +218,18 @@ class Worker:
         base = processes + min(processes, PREFETCH)
         if self.unit_estimate_s is None:
             return base
-        claim_s = max(self.last_want * self.unit_estimate_s, 1e-6)
+        claim_s = max(self.last_want * (self.unit_wall_s or self.unit_estimate_s), 1e-6)
         if claim_s >= QUEUED_S:
             return base
         return max(base, processes * (1 + min(MAX_QUEUED, math.ceil(QUEUED_S / claim_s))))
 
     def _learn(self, result: ClaimResult) -> None:
         if result.seconds.count:
-            mean = result.seconds.total / result.seconds.count
-            previous = self.unit_estimate_s
-            self.unit_estimate_s = mean if previous is None else 0.5 * previous + 0.5 * mean
+            wall = result.seconds.total / result.seconds.count
+            cpu = result.cpu_s / result.seconds.count
+            previous, previous_wall = self.unit_estimate_s, self.unit_wall_s
+            self.unit_estimate_s = cpu if previous is None else 0.5 * previous + 0.5 * cpu
+            self.unit_wall_s = wall if previous_wall is None else 0.5 * previous_wall + 0.5 * wall
 
     def _claim_and_compute(
         self, ledger: Ledger, pool: UnitPool, progress: ProgressLog, heartbeat: Heartbeat
