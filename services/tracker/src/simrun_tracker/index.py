@@ -129,7 +129,7 @@ class RunIndex:
             session.merge(row)
             session.commit()
 
-    def list(self, group: str = "", state: str = "", owner: str = "") -> list[RunRow]:
+    def rows(self, group: str = "", state: str = "", owner: str = "") -> list[RunRow]:
         """Runs newest first, filtered; `owner` matches the person or the agent."""
         with Session(self._engine) as session:
             return list(session.exec(_filtered(select(RunRow), group, state, owner)))

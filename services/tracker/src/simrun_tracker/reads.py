@@ -81,7 +81,7 @@ class RunReader:
         """Run ids newest first, filtered by group, state and owner (person or agent)."""
         if state and state not in {s.value for s in RunState}:
             raise InvalidArgument(f"unknown state {state!r}: one of {', '.join(s.value for s in RunState)}")
-        return [row.run_id for row in self.runs.index.list(group, state, owner)]
+        return [row.run_id for row in self.runs.index.rows(group, state, owner)]
 
     def page(self, group: str, state: str, owner: str, requested_size: int, token: str) -> tuple[list[RunRecord], str]:
         """One page of runs, newest first, and the token of the next (empty at the end): keyset paging, so a page
