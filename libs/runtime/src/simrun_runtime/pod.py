@@ -323,7 +323,7 @@ class ReportKeeper:
             self._refresh()
             self.report.unit_seconds = self.seconds.summary()
             data = self.report.model_dump(mode="json")
-        write_json_atomic(self.report.path(self.task), data, fsync=fsync)
+        write_json_atomic(self.report.path(self.task), data, durable=fsync)
 
     def finish(self, ended: WorkerEnd, exit_code: int, message: str = "") -> int:
         self._stop.set()
@@ -409,7 +409,7 @@ def run_in_child(fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], Non
     child.close()
     message: tuple[str, Any] | None = None
     while True:
-        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper], timeout=1.0)
+        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper.fileno()], timeout=1.0)
         if stopper.stopping:
             process.kill()
             process.join()

@@ -184,7 +184,7 @@ class WorkerReport(BaseModel):
 
     def write(self, task: TaskLayout, fsync: bool = True) -> None:
         """Writes the report atomically (it replaces the earlier version of the same incarnation)."""
-        write_json_atomic(self.path(task), self.model_dump(mode="json"), fsync=fsync)
+        write_json_atomic(self.path(task), self.model_dump(mode="json"), durable=fsync)
 
     def seconds_of_units(self) -> list[float]:
         """One value of seconds per unit computed, from either schema (see `UnitSecondsSummary.values`)."""

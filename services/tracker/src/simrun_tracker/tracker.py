@@ -268,7 +268,7 @@ class RunTracker:
                 raise FailedPrecondition(f"run {run_id} has ended already ({record.state.value})")
             record.cancel_requested = True
             record.message = f"{CANCELLED_BY}{identity.name}"
-            self.runs.save(record)
+            self.runs.save(record, durable=True)
             version = self.runs.version(run_id)
         deadline = threading.Event()
         timer = threading.Timer(CANCEL_WAIT_S, deadline.set)
@@ -288,8 +288,8 @@ class RunTracker:
     def get(self, run_id: str) -> RunRecord:
         return self.reader.get(run_id)
 
-    def list(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
-        return self.reader.list(group, state, owner)
+    def list_runs(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
+        return self.reader.list_runs(group, state, owner)
 
     def page(
         self, group: str, state: str, owner: str, page_size: int, page_token: str
