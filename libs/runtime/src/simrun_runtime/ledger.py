@@ -402,7 +402,8 @@ class Ledger:
         for units in self.claims().values():
             for unit in units:
                 seen.add(unit.first, unit.last)
-        missing, expected = [], 0
+        missing: list[int] = []
+        expected = 0
         for first, last in seen.ranges():
             missing.extend(range(expected, min(first, self.count)))
             expected = last + 1

@@ -102,7 +102,7 @@ def check_complete(setup: TaskSetup) -> tuple[Ledger, list[Any]]:
             f"the ledger of task {setup.task.task_id!r} is not complete: {done.total} of {ledger.count} units done"
         )
     values, covered = ledger.values()
-    missing = []
+    missing: list[int] = []
     expected = 0
     for first, last in [*covered.ranges(), (ledger.count, ledger.count)]:
         # Units no log covers must have their files (one stat each; none for units that returned values).

@@ -222,7 +222,7 @@ class ProgressLine(BaseModel):
     time: float = Field(description="When it was marked done, Unix epoch seconds.")
 
     @property
-    def range(self) -> UnitRange:
+    def span(self) -> UnitRange:
         if self.unit is not None:
             return UnitRange.one(self.unit)
         if self.first is None or self.last is None:
@@ -230,7 +230,7 @@ class ProgressLine(BaseModel):
         return UnitRange(self.first, self.last)
 
     def units(self) -> range:
-        return self.range.indices()
+        return self.span.indices()
 
 
 class ProgressLog:
@@ -273,7 +273,7 @@ class ProgressReader:
         complete = data.rfind(b"\n") + 1  # a line still being written is read next time
         for line in data[:complete].splitlines():
             if line.strip():
-                unit = ProgressLine.model_validate_json(line).range
+                unit = ProgressLine.model_validate_json(line).span
                 self._units.add(unit.first, unit.last)
         self._offset += complete
         return self._units.total
