@@ -115,6 +115,11 @@ class UnitOutput(io.TextIOBase):
         return self._target.fileno()
 
     @property
+    def buffer(self) -> Any:
+        """The binary stream underneath, for code that writes bytes (those lines are not prefixed)."""
+        return self._target.buffer
+
+    @property
     def encoding(self) -> str:  # type: ignore[override]
         return getattr(self._target, "encoding", "utf-8")
 
