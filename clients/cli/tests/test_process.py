@@ -132,3 +132,34 @@ def test_a_bad_nodes_file_says_what_is_wrong(tmp_path: Path) -> None:
         env=_env(tmp_path),
     )
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--address", "notahost"], "give HOST:PORT"),
+        (["--address", "notahost.invalid:5000"], "cannot resolve the host 'notahost.invalid'"),
+        (["--address", "127.0.0.1:99999"], "the port must be a number from 0 to 65535"),
+        (["--store", "/proc/nope"], "cannot use /proc/nope as the store"),
+    ],
+)
+def test_server_refuses_a_bad_address_or_store_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+    from simrun_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["server", *args], env={"SIMRUN_HOME": str(tmp_path / "home")})
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("Error: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_server_on_the_same_port_or_store_is_refused(served: tuple[str, Path], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from simrun_cli.main import cli
+
+    endpoint, home = served
+    taken = CliRunner().invoke(cli, ["server", "--address", endpoint, "--store", str(tmp_path / "store")])
+    assert taken.exit_code == 1 and "is another simrun server running?" in taken.stderr, taken.output
+    same_store = ["server", "--address", "127.0.0.1:0", "--store", str(home.parent / "store")]
+    shared = CliRunner().invoke(cli, same_store, env={"SIMRUN_HOME": str(tmp_path / "home")})
+    assert shared.exit_code == 1 and "another simrun server serves the store" in shared.stderr, shared.output
