@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,10 @@ workflow_argument = click.argument("workflow", type=click.Path(exists=True, dir_
 model_option = click.option(
     "--model",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The model's working tree; default: the git working tree that holds the workflow.",
+    help=(
+        "The model's folder; default: the innermost folder holding a pyproject.toml from the workflow's folder "
+        "up to the top of its git working tree, else that top."
+    ),
 )
 store_option = click.option(
     "--store",
@@ -75,6 +79,7 @@ def submit(
     client: Client,
 ) -> None:
     """Submit WORKFLOW, run on a snapshot of its git working tree (uncommitted changes included)."""
+    model = model or default_model(workflow)
     run = client.submit(workflow, model=model, group=group, single_server=single_server, reserve=reserve, store=store)
     out = render.console()
     if not as_json:
@@ -134,12 +139,16 @@ def compare(run_ids: tuple[str, ...], group: str | None, as_json: bool, client: 
     if run_ids and group:
         raise click.UsageError("give the runs to compare or --group, not both")
     comparison = client.compare(run_ids=list(run_ids), group=group)
+    settings = differing_settings([client.get_run(run_id) for run_id in comparison.run_ids])
     if as_json:
-        render.echo_json(comparison)
+        # The API's comparison, plus the settings that differ between the runs in the same row shape.
+        data = render.to_dict(comparison)
+        data["settings"] = [{"task_id": t, "key": k, "values": v} for t, k, v in settings]
+        render.echo_json(data)
     elif not comparison.run_ids:
         click.echo("no runs to compare")
     else:
-        render.console().print(render.comparison_table(comparison))
+        render.console().print(render.comparison_table(comparison, settings))
 
 
 @cli.command()
@@ -153,7 +162,7 @@ def estimate(
     workflow: Path, single_server: bool, model: Path | None, store: Path | None, as_json: bool, client: Client
 ) -> None:
     """Plan WORKFLOW without running it: each task's pods, resources and, once learned, seconds."""
-    result = client.estimate(workflow, model=model, single_server=single_server, store=store)
+    result = client.estimate(workflow, model=model or default_model(workflow), single_server=single_server, store=store)
     if as_json:
         render.echo_json(result)
     else:
@@ -178,16 +187,74 @@ def cancel(run_id: str, as_json: bool, client: Client) -> None:
 @click.argument("task_id", metavar="TASK")
 @click.option("--worker", metavar="WORKER", help="Only this worker's log: w0 (the coordinator), w1, …")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the task ends.")
+@click.option(
+    "--unit", type=click.IntRange(min=0), metavar="N", help="Only what unit N printed (its `[unit N] ` lines)."
+)
 @with_client
-def logs(run_id: str, task_id: str, worker: str | None, follow: bool, client: Client) -> None:
+def logs(run_id: str, task_id: str, worker: str | None, follow: bool, unit: int | None, client: Client) -> None:
     """Print the logs of a task's pods."""
     pod = None
     for chunk in client.logs(run_id, task_id, worker=worker, follow=follow):
+        lines = chunk.lines if unit is None else unit_lines(chunk.lines, unit)
+        if not lines:
+            continue
         if not worker and chunk.pod != pod:
             # Several pods' logs interleave; name each one where it starts, as `tail` does.
             click.echo(f"==> {chunk.pod} <==")
             pod = chunk.pod
-        click.echo(chunk.lines, nl=False)
+        click.echo(lines, nl=False)
+
+
+def default_model(workflow: Path) -> Path | None:
+    """The model of a workflow given without --model: the innermost folder with a `pyproject.toml` on the way from
+    the workflow's folder up to the top of its git working tree (`examples/montecarlo` in simrun's own tree).
+
+    None where there is none, so the client takes the working tree's top, as it always did.
+    """
+    from simrun_client.client import git_toplevel
+
+    folder = workflow.resolve().parent
+    top = git_toplevel(folder)
+    for candidate in (folder, *folder.parents):
+        if (candidate / "pyproject.toml").is_file():
+            return candidate
+        if candidate == top:
+            break
+    return None
+
+
+def unit_lines(lines: str, unit: int) -> str:
+    """The lines a unit printed, without their `[unit N] ` prefix (the runtime puts it on each unit's lines)."""
+    prefix = f"[unit {unit}] "
+    return "".join(line.removeprefix(prefix) for line in lines.splitlines(keepends=True) if line.startswith(prefix))
+
+
+def differing_settings(runs: list[common_pb2.Run]) -> list[tuple[str, str, list[str]]]:
+    """The settings (task, dotted key, JSON value per run) that differ between runs, as submitted."""
+    from simrun_core.workflow import parse_workflow
+
+    per_run: list[dict[tuple[str, str], str]] = []
+    for run in runs:
+        values: dict[tuple[str, str], str] = {}
+        try:
+            tasks = parse_workflow(run.workflow).spec.tasks if run.workflow else {}
+        except SimrunError:
+            tasks = {}
+        for task_id, task in tasks.items():
+            for key, value in _flatten(task.settings):
+                values[task_id, key] = json.dumps(value, sort_keys=True)
+        per_run.append(values)
+    keys = sorted({key for values in per_run for key in values})
+    rows = [(task, key, [values.get((task, key), "") for values in per_run]) for task, key in keys]
+    return [row for row in rows if len(set(row[2])) > 1]
+
+
+def _flatten(settings: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 @cli.command()

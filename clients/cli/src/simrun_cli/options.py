@@ -33,6 +33,23 @@ json_option = click.option(
 )
 
 
+def check_token(token: str | None) -> None:
+    """Refuses a token grpc cannot send as a header (a newline, a space, a control character) in one line.
+
+    Without this, grpc's C core logs its own complaint to stderr before the call fails.
+    """
+    if token is None:
+        from simrun_core.config import client_token
+
+        token, where = client_token(None), "the token file"
+    else:
+        where = "--token or SIMRUN_TOKEN"
+    if token and any(not (c.isascii() and c.isprintable()) or c.isspace() for c in token):
+        raise click.ClickException(
+            f"the token from {where} has a newline, a space or a control character in it; give the token alone"
+        )
+
+
 def with_client(command: F) -> F:
     """Adds --endpoint and --token and passes the command a connected `client`, closed afterwards."""
 
@@ -40,6 +57,7 @@ def with_client(command: F) -> F:
     @token_option
     @functools.wraps(command)
     def wrapper(*args: Any, endpoint: str, token: str | None, **kwargs: Any) -> Any:
+        check_token(token)
         with Client(endpoint, token) as client:
             return command(*args, client=client, **kwargs)
 
