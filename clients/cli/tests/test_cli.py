@@ -239,3 +239,34 @@ def test_logs_of_one_unit_are_its_prefixed_lines() -> None:
     assert unit_lines(lines, 1) == "a\nc\n"
     assert unit_lines(lines, 12) == "b\n"
     assert unit_lines(lines, 3) == ""
+
+
+def test_outputs_list_the_files_with_their_store_paths(invoke: Invoke, watched: tuple[Result, str], server) -> None:
+    _, run_id = watched
+    table = invoke("outputs", run_id)
+    assert table.exit_code == 0, table.output
+    assert re.search(r"estimate\s+estimate\s+estimate\.json\s+\d+ B\s+runs/\S+/estimate\.json", table.stdout), (
+        table.stdout
+    )
+    listed = json.loads(invoke("outputs", run_id, "estimate", "estimate", "--json").stdout)["files"]
+    assert [f["path"] for f in listed] == ["estimate.json"]
+    in_store = server.config.store / listed[0]["store_path"]
+    assert in_store.stat().st_size == int(listed[0]["size_bytes"])
+    status = json.loads(invoke("status", run_id, "--json").stdout)
+    ports = {task["task_id"]: task.get("outputs") for task in status["tasks"]}
+    assert ports["estimate"] == {"estimate": f"runs/{run_id}/tasks/estimate/out/estimate"}
+
+
+def test_fetch_copies_a_port_through_the_gateway(
+    invoke: Invoke, watched: tuple[Result, str], server, tmp_path: Path
+) -> None:
+    _, run_id = watched
+    dest = tmp_path / "got"
+    fetched = invoke("fetch", run_id, "estimate", "estimate", dest)
+    assert fetched.exit_code == 0, fetched.output
+    assert fetched.stdout.startswith("fetched 1 file (") and str(dest) in fetched.stdout
+    source = server.config.store / "runs" / run_id / "tasks" / "estimate" / "out" / "estimate" / "estimate.json"
+    assert (dest / "estimate.json").read_bytes() == source.read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["got"], "nothing staged is left beside DEST"
+    assert "no output 'nope'" in _one_error_line(invoke("fetch", run_id, "estimate", "nope", dest))
+    assert "not an output port name" in _one_error_line(invoke("fetch", run_id, "estimate", "..", dest))

@@ -105,7 +105,7 @@ def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
         return
     run = client.get_run(run_id)
     if as_json:
-        render.echo_json(run)
+        render.echo_json(with_output_paths(client, run))
         return
     _show_run(client, run, out)
 
@@ -205,6 +205,19 @@ def logs(run_id: str, task_id: str, worker: str | None, follow: bool, unit: int 
         click.echo(lines, nl=False)
 
 
+def with_output_paths(client: Client, run: common_pb2.Run) -> dict[str, Any]:
+    """The run's JSON, each task with `outputs`: its ports' folders in the store (relative to the store root)."""
+    data = render.to_dict(run)
+    ports: dict[str, dict[str, str]] = {}
+    for file in client.outputs(run.run_id):
+        folder = file.store_path.removesuffix(file.path).rstrip("/")
+        ports.setdefault(file.task_id, {})[file.port] = folder
+    for task in data.get("tasks", []):
+        if task["task_id"] in ports:
+            task["outputs"] = ports[task["task_id"]]
+    return data
+
+
 def default_model(workflow: Path) -> Path | None:
     """The model of a workflow given without --model: the innermost folder with a `pyproject.toml` on the way from
     the workflow's folder up to the top of its git working tree (`examples/montecarlo` in simrun's own tree).
@@ -295,6 +308,36 @@ def nodes(as_json: bool, client: Client) -> None:
         render.echo_json(tracker_pb2.ListNodesResponse(nodes=found))
     else:
         render.console().print(render.nodes_table(found))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("task_id", metavar="[TASK", required=False)
+@click.argument("port", metavar="[PORT]]", required=False)
+@json_option
+@with_client
+def outputs(run_id: str, task_id: str | None, port: str | None, as_json: bool, client: Client) -> None:
+    """List a run's outputs (a task's, a port's): each file with its path in the store and its size."""
+    files = client.outputs(run_id, task_id, port)
+    if as_json:
+        render.echo_json(tracker_pb2.ListOutputsResponse(files=files))
+    elif not files:
+        click.echo(f"run {run_id} has no outputs yet" if not task_id else f"no output files of {task_id}")
+    else:
+        render.console().print(render.outputs_table(files))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("task_id", metavar="TASK")
+@click.argument("port", metavar="PORT")
+@click.argument("dest", metavar="DEST", type=click.Path(path_type=Path))
+@with_client
+def fetch(run_id: str, task_id: str, port: str, dest: Path, client: Client) -> None:
+    """Copy the files of a task's output PORT into the folder DEST, through simrun (no store mount needed)."""
+    written = client.fetch_output(run_id, task_id, port, dest)
+    size = sum(path.stat().st_size for path in written)
+    click.echo(f"fetched {len(written)} file{'s' if len(written) != 1 else ''} ({render.size(size)}) into {dest}")
 
 
 def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:

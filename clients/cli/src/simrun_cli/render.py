@@ -247,6 +247,32 @@ def _seconds(seconds: float) -> str:
     return f"{seconds:.2g}" if seconds < 10 else f"{seconds:.0f}"
 
 
+def size(size_bytes: int) -> str:
+    """Bytes for people: B, KiB, MiB, GiB."""
+    value = float(size_bytes)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def outputs_table(files: Iterable[tracker_pb2.OutputFile]) -> Table:
+    """One row per output file: task, port, path in the port, size, path in the store."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (
+        ("task", "left"),
+        ("port", "left"),
+        ("file", "left"),
+        ("size", "right"),
+        ("in the store", "left"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for file in files:
+        table.add_row(file.task_id, file.port, file.path, size(file.size_bytes), file.store_path)
+    return table
+
+
 def nodes_table(nodes: Iterable[common_pb2.Node]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("node", "cores", "memory GiB", "gpus", "reserved by"):
