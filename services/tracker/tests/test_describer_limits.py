@@ -15,7 +15,8 @@ from simrun_tracker.describer import SubprocessDescriber
 def test_a_model_whose_import_hangs_fails_once_within_the_limit(tmp_path: Path) -> None:
     started = tmp_path / "started"
     (tmp_path / "hangs.py").write_text(
-        f"import pathlib, time\nwith pathlib.Path({str(started)!r}).open('a') as f:\n    f.write('x')\ntime.sleep(600)\n"
+        f"import pathlib, time\nwith pathlib.Path({str(started)!r}).open('a') as f:\n"
+        "    f.write('x')\ntime.sleep(600)\n"
     )
     describer = SubprocessDescriber(timeout_s=2)
     try:
