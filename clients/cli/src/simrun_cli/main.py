@@ -5,19 +5,29 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from simrun.v1 import common_pb2, tracker_pb2
-from simrun_client.client import FINAL_RUN_STATES, Client
 from simrun_core.errors import SimrunError
 
-from simrun_cli import render
+from simrun_cli.lazy import lazy_module
 from simrun_cli.options import json_option, with_client
 from simrun_cli.server import server
 
-_RUN_STATES = [name.removeprefix("RUN_STATE_").lower() for name in common_pb2.RunState.keys()[1:]]
+if TYPE_CHECKING:
+    from rich.console import Console
+    from simrun.v1 import common_pb2, tracker_pb2
+    from simrun_client.client import Client
+
+    from simrun_cli import render
+else:
+    # Imported on first use: `simrun --version` or `--help` needs none of them, `simrun status` not all.
+    common_pb2 = lazy_module("simrun.v1.common_pb2")
+    tracker_pb2 = lazy_module("simrun.v1.tracker_pb2")
+    render = lazy_module("simrun_cli.render")
+
+RUN_STATES = ["submitting", "queued", "running", "succeeded", "failed", "cancelled"]
+"""The run states `list --state` takes: `RunState` without its prefix (a test keeps them equal)."""
 
 
 class SimrunGroup(click.Group):
@@ -112,7 +122,7 @@ def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
 
 @cli.command("list")
 @click.option("--group", help="Only this group's runs.")
-@click.option("--state", type=click.Choice(_RUN_STATES), help="Only runs in this state.")
+@click.option("--state", type=click.Choice(RUN_STATES), help="Only runs in this state.")
 @click.option("--owner", help="Only runs submitted by this identity.")
 @json_option
 @with_client
@@ -342,6 +352,8 @@ def fetch(run_id: str, task_id: str, port: str, dest: Path, client: Client) -> N
 
 def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
     """Follows a run to its end: progress bars, then the run; exits 1 unless it succeeded."""
+    from simrun_client.client import FINAL_RUN_STATES
+
     run: common_pb2.Run | None = None
     try:
         if as_json:

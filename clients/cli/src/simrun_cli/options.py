@@ -7,8 +7,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from simrun_client.client import Client
-from simrun_core.config import DEFAULT_ENDPOINT
+
+DEFAULT_ENDPOINT = "127.0.0.1:50551"
+"""`simrun_core.config.DEFAULT_ENDPOINT`, written out so that parsing options imports no pydantic (a test keeps
+them equal)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +59,8 @@ def with_client(command: F) -> F:
     @token_option
     @functools.wraps(command)
     def wrapper(*args: Any, endpoint: str, token: str | None, **kwargs: Any) -> Any:
+        from simrun_client.client import Client
+
         check_token(token)
         with Client(endpoint, token) as client:
             return command(*args, client=client, **kwargs)

@@ -15,7 +15,6 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich import box
 from rich.console import Console, Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -290,6 +289,9 @@ class RunProgress:
     """
 
     def __init__(self, out: Console) -> None:
+        # Imported here: only a followed run draws bars.
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         self._out = out
         self._live = out.is_terminal
         self._progress = Progress(
@@ -300,7 +302,7 @@ class RunProgress:
             TimeElapsedColumn(),
             console=out,
         )
-        self._bars: dict[str, TaskID] = {}
+        self._bars: dict[str, Any] = {}  # task id -> rich's TaskID
         self._seen: dict[str, tuple[str, int, int | None]] = {}
 
     def __enter__(self) -> RunProgress:

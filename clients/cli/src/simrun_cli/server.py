@@ -8,17 +8,22 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import yaml
-from pydantic import TypeAdapter, ValidationError
-from simrun_core.config import NodeConfig, ServerConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument
-from simrun_core.validation import first_error
+
+if TYPE_CHECKING:  # imported where used: the other commands start without pydantic and yaml
+    from simrun_core.config import NodeConfig, ServerConfig
 
 
 def load_nodes(path: Path) -> list[NodeConfig]:
     """The nodes of a YAML file: a list of `{name, cores, memory_gb, gpus}`, or a mapping with such a `nodes:`."""
+    import yaml
+    from pydantic import TypeAdapter, ValidationError
+    from simrun_core.config import NodeConfig
+    from simrun_core.validation import first_error
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -111,6 +116,8 @@ def prepare_folders(config: ServerConfig) -> None:
 
 def server_config(config: Path | None, store: Path | None, address: str | None, nodes: Path | None) -> ServerConfig:
     """The config file's settings (or the defaults), with the options given on the command line on top."""
+    from simrun_core.config import ServerConfig
+
     base = ServerConfig.load(config) if config is not None else ServerConfig()
     updates: dict[str, object] = {}
     if store is not None:

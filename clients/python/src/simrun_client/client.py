@@ -7,18 +7,18 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
-from simrun_core.config import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
+from simrun_core.home import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.rpc.errors import to_domain_error
-from simrun_core.workflow import parse_workflow
-from simrun_snapshot.convert import snapshot_to_proto
 
 from simrun_client.channel import open_channel
-from simrun_client.snapshots import SnapshotResult, snapshot_to_store, upload_snapshot
+
+if TYPE_CHECKING:
+    from simrun_client.snapshots import SnapshotResult
 
 T = TypeVar("T")
 
@@ -119,6 +119,9 @@ class Client:
             name: the source name; the tree's folder name by default.
             store: the root of the run store, when it is mounted on this machine.
         """
+        # Imported here: snapshotting (and pydantic with it) is for the commands that submit, not for `status`.
+        from simrun_client.snapshots import snapshot_to_store, upload_snapshot
+
         tree = Path(tree)
         if not tree.is_dir():
             raise InvalidArgument(f"cannot snapshot {tree}: not a folder")
@@ -312,6 +315,9 @@ class Client:
         self, workflow_path: str | Path, model: str | Path | None, store: str | Path | None
     ) -> tuple[str, list[common_pb2.Snapshot]]:
         """The workflow's text, checked here first so a bad file costs no snapshot, and the model's snapshot."""
+        from simrun_core.workflow import parse_workflow
+        from simrun_snapshot.convert import snapshot_to_proto
+
         path = Path(workflow_path)
         try:
             text = path.read_text()
