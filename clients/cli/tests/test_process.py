@@ -186,5 +186,5 @@ def test_the_constants_written_out_for_a_quick_start_match_their_sources() -> No
     from simrun_cli.options import DEFAULT_ENDPOINT
     from simrun_core import config
 
-    assert RUN_STATES == [name.removeprefix("RUN_STATE_").lower() for name in common_pb2.RunState.keys()[1:]]
+    assert [name.removeprefix("RUN_STATE_").lower() for name in common_pb2.RunState.keys()[1:]] == RUN_STATES
     assert DEFAULT_ENDPOINT == config.DEFAULT_ENDPOINT
