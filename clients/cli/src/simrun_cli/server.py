@@ -135,7 +135,13 @@ def server_config(config: Path | None, store: Path | None, address: str | None, 
 @click.option(
     "--store", type=click.Path(file_okay=False, path_type=Path), help="The run store; default ~/.simrun/store."
 )
-@click.option("--address", metavar="HOST:PORT", help="Where to listen; default 127.0.0.1:50551.")
+@click.option(
+    "--address",
+    envvar="SIMRUN_ENDPOINT",
+    show_envvar=True,
+    metavar="HOST:PORT",
+    help="Where to listen; default 127.0.0.1:50551, where clients look (the same variable tells them both).",
+)
 @click.option(
     "--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A server config."
 )
