@@ -51,6 +51,9 @@ def main() -> None:
         home = Path(tmp) / "home"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SIMRUN_")}
         env["SIMRUN_HOME"] = str(home)
+        # As a user starts it: with the bytecode caches Python writes (a CI setting may turn them off, and then
+        # every start compiles every module again, which is what this would measure).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         server = subprocess.Popen(
             [SIMRUN, "server", "--address", "127.0.0.1:0"], env=env, stdout=subprocess.PIPE, text=True
         )
@@ -78,7 +81,11 @@ def main() -> None:
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
-    print(f"medians of {args.repeats} runs; baseline `python -c pass`: {baseline:.3f} s")
+    load = os.getloadavg()[0]
+    print(
+        f"medians of {args.repeats} runs on {os.cpu_count()} cores at load {load:.1f}; "
+        f"baseline `python -c pass`: {baseline:.3f} s"
+    )
     for name, seconds in figures.items():
         verdict = "under" if seconds < 0.2 else "over"
         print(f"{name:<40} {seconds:.3f} s   {seconds / baseline:5.1f}x the baseline   ({verdict} the 0.2 s goal)")

@@ -170,7 +170,8 @@ def test_commands_start_without_what_they_do_not_need() -> None:
     probe = (
         "import sys, simrun_cli.main as m\n"
         "first = {n.split('.')[0] for n in sys.modules}\n"
-        "import simrun_client.client, simrun_cli.render\n"
+        "import simrun_client.client, simrun_cli.render, simrun_cli.options as o\n"
+        "o.check_token(None)\n"
         "m.common_pb2.RunState\n"
         "second = {n.split('.')[0] for n in sys.modules}\n"
         "print(sorted(first & {'grpc', 'google', 'rich', 'pydantic', 'yaml'}), sorted(second & {'pydantic', 'yaml'}))\n"
@@ -188,3 +189,8 @@ def test_the_constants_written_out_for_a_quick_start_match_their_sources() -> No
 
     assert [name.removeprefix("RUN_STATE_").lower() for name in common_pb2.RunState.keys()[1:]] == RUN_STATES
     assert DEFAULT_ENDPOINT == config.DEFAULT_ENDPOINT
+    from importlib.metadata import version
+
+    from simrun_cli import __version__
+
+    assert version("simrun-cli") == __version__

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from simrun_core.errors import SimrunError
 
+from simrun_cli import __version__
 from simrun_cli.lazy import lazy_module
 from simrun_cli.options import json_option, with_client
 from simrun_cli.server import server
@@ -41,7 +42,7 @@ class SimrunGroup(click.Group):
 
 
 @click.group(cls=SimrunGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="simrun-cli", prog_name="simrun")
+@click.version_option(__version__, prog_name="simrun")
 def cli() -> None:
     """Run simulation workflows from your git working tree: on this machine or on a cluster."""
 

@@ -41,7 +41,7 @@ def check_token(token: str | None) -> None:
     Without this, grpc's C core logs its own complaint to stderr before the call fails.
     """
     if token is None:
-        from simrun_core.config import client_token
+        from simrun_core.home import client_token
 
         token, where = client_token(None), "the token file"
     else:
