@@ -37,7 +37,7 @@ def _run(store: StoreLayout, state: TaskState = TaskState.SUCCEEDED) -> RunRecor
 
 def test_lists_each_port_s_files_with_store_paths_and_sizes(store: StoreLayout) -> None:
     record = _run(store)
-    files = OutputStore(store).list(record)
+    files = OutputStore(store).list_files(record)
     assert [(f.task_id, f.port, f.path, f.size_bytes) for f in files] == [
         ("sim", "table", "a.csv", 4),
         ("sim", "table", "empty", 0),
@@ -45,7 +45,7 @@ def test_lists_each_port_s_files_with_store_paths_and_sizes(store: StoreLayout) 
     ]
     assert files[0].store_path == "runs/r1/tasks/sim/out/table/a.csv"
     assert (store.root / files[2].store_path).stat().st_size == 2500
-    assert OutputStore(store).list(record, "sim", "plots") == []
+    assert OutputStore(store).list_files(record, "sim", "plots") == []
 
 
 def test_fetch_yields_every_file_in_chunks(store: StoreLayout) -> None:
@@ -71,10 +71,10 @@ def test_links_that_lead_out_of_the_outputs_are_left_out(store: StoreLayout, tmp
     (table / "inside").symlink_to(table / "a.csv")
     (store.run("r1").task("sim").out / "escape").symlink_to(tmp_path, target_is_directory=True)
     outputs = OutputStore(store)
-    assert [f.path for f in outputs.list(record, "sim")] == ["a.csv", "empty", "inside", "deep/b.bin"]
+    assert [f.path for f in outputs.list_files(record, "sim")] == ["a.csv", "empty", "inside", "deep/b.bin"]
     assert b"not yours" not in b"".join(c.data for c in outputs.fetch(record, "sim", "table"))
     with pytest.raises(NotFound, match="no output 'escape'"):
-        outputs.list(record, "sim", "escape")
+        outputs.list_files(record, "sim", "escape")
 
 
 @pytest.mark.parametrize("port", ["../sim", "..", "table/../../x", "/etc", ""])
@@ -88,11 +88,11 @@ def test_unknown_task_or_port_and_unfinished_tasks(store: StoreLayout) -> None:
     outputs = OutputStore(store)
     record = _run(store, TaskState.RUNNING)
     with pytest.raises(NotFound, match="no task 'nope'; its tasks: sim, report"):
-        outputs.list(record, "nope")
+        outputs.list_files(record, "nope")
     with pytest.raises(NotFound, match="its outputs: plots, table"):
-        outputs.list(record, "sim", "tabel")
+        outputs.list_files(record, "sim", "tabel")
     with pytest.raises(InvalidArgument, match="give the task of the port"):
-        outputs.list(record, "", "table")
+        outputs.list_files(record, "", "table")
     with pytest.raises(FailedPrecondition, match="is running"):
         list(outputs.fetch(record, "sim", "table"))
-    assert outputs.list(record, "report") == []
+    assert outputs.list_files(record, "report") == []

@@ -125,10 +125,11 @@ def server_config(config: Path | None, store: Path | None, address: str | None, 
     if address is not None:
         updates["address"] = address
     if nodes is not None:
-        updates["nodes"] = load_nodes(nodes)
-    config = base.model_copy(update=updates)
-    check_address(config.address)
-    return config
+        local = base.executor.local.model_copy(update={"nodes": load_nodes(nodes)})
+        updates["executor"] = base.executor.model_copy(update={"local": local})
+    merged = base.model_copy(update=updates)
+    check_address(merged.address)
+    return merged
 
 
 @click.command()

@@ -57,7 +57,7 @@ class OutputStore:
     def __init__(self, store: StoreLayout) -> None:
         self.store = store
 
-    def list(self, record: RunRecord, task_id: str = "", port: str = "") -> list[OutputFile]:
+    def list_files(self, record: RunRecord, task_id: str = "", port: str = "") -> list[OutputFile]:
         """The files of a run's output ports (of one task, of one port), by task in run order, port and path.
 
         Raises:
