@@ -72,62 +72,85 @@ class MachineIndex:
     then the least memory left over (both rounded to 9 decimals so float noise does not break genuine
     ties), then the lowest index. Sorted by free CPU, the machines left with the least CPU come first,
     so a search starts at the first machine with enough CPU and stops once the CPU left over grows.
+    The order among machines with equal free CPU does not matter: ties are broken explicitly.
     """
 
-    __slots__ = ("_sorted", "cpu", "memory")
+    __slots__ = ("_keys", "_machines", "_max_memory", "cpu", "memory")
 
     def __init__(self, cpu: list[float], memory: list[float]) -> None:
-        self.cpu = list(cpu)
-        self.memory = list(memory)
-        self._sorted = sorted(zip(self.cpu, range(len(self.cpu)), strict=True))
+        self.cpu: list[float] = []
+        self.memory: list[float] = []
+        self._keys: list[float] = []  # free CPU, ascending
+        self._machines: list[int] = []  # the machine of each key
+        self._max_memory: float | None = None
+        self.rebuild(list(cpu), list(memory))
 
     def rebuild(self, cpu: list[float], memory: list[float]) -> None:
-        """Replace every machine's free CPU and memory."""
-        self.cpu = list(cpu)
-        self.memory = list(memory)
-        self._sorted = sorted(zip(self.cpu, range(len(self.cpu)), strict=True))
+        """Replace every machine's free CPU and memory (the index keeps the lists it is given)."""
+        self.cpu = cpu
+        self.memory = memory
+        self._machines = sorted(range(len(cpu)), key=cpu.__getitem__)
+        self._keys = [cpu[j] for j in self._machines]
+        self._max_memory = None
 
     def set(self, machine: int, cpu: float, memory: float) -> None:
         """Set one machine's free CPU and memory."""
-        entries = self._sorted
-        del entries[bisect_left(entries, (self.cpu[machine], machine))]
-        insort(entries, (cpu, machine))
+        keys = self._keys
+        machines = self._machines
+        k = bisect_left(keys, self.cpu[machine])
+        while machines[k] != machine:
+            k += 1
+        del keys[k]
+        del machines[k]
+        k = bisect_left(keys, cpu)
+        keys.insert(k, cpu)
+        machines.insert(k, machine)
         self.cpu[machine] = cpu
+        most = self._max_memory
+        if most is not None:
+            if memory > most:
+                self._max_memory = memory
+            elif memory < most and self.memory[machine] == most:
+                self._max_memory = None  # the maximum may have gone: find it again when asked
         self.memory[machine] = memory
 
     @property
     def max_cpu(self) -> float:
         """The most free CPU on any machine."""
-        return self._sorted[-1][0]
+        return self._keys[-1]
 
     @property
     def max_memory(self) -> float:
         """The most free memory on any machine."""
-        return max(self.memory)
+        most = self._max_memory
+        if most is None:
+            most = self._max_memory = max(self.memory)
+        return most
 
     def best_fit(self, cpu: float, memory: float) -> int:
         """The best-fit machine for a process asking ``cpu`` and ``memory``, or -1 if none fits."""
-        entries = self._sorted
+        keys = self._keys
+        machines = self._machines
         free_memory = self.memory
         need_memory = memory - TOL
-        k = bisect_left(entries, (cpu - TOL, -1))
-        count = len(entries)
+        k = bisect_left(keys, cpu - TOL)
+        count = len(keys)
         while k < count:
-            free_cpu, machine = entries[k]
+            machine = machines[k]
             k += 1
             if free_memory[machine] >= need_memory:
                 break
         else:
             return -1
-        cpu_left = round9(free_cpu - cpu)
+        cpu_left = round9(keys[k - 1] - cpu)
         best_memory_left = round9(free_memory[machine] - memory)
         best = machine
-        # The CPU left over only grows along the list; the machines that tie on it follow the first fit.
+        # The CPU left over only grows along the keys; the machines that tie on it follow the first fit.
         while k < count:
-            free_cpu, other = entries[k]
-            k += 1
-            if round9(free_cpu - cpu) != cpu_left:
+            if round9(keys[k] - cpu) != cpu_left:
                 break
+            other = machines[k]
+            k += 1
             if free_memory[other] >= need_memory:
                 memory_left = round9(free_memory[other] - memory)
                 if memory_left < best_memory_left or (memory_left == best_memory_left and other < best):

@@ -42,6 +42,12 @@ _TOL = TOL
 # Above this many machines to update at once, numpy's vector operations beat a loop over Python floats.
 _BULK = 16
 
+# ``ndarray.sum`` without its Python wrapper: the same reduction, in the same order.
+_add_reduce = np.add.reduce
+
+# States of the batch CPU in use summed per numpy call.
+_USE_ROWS = 256
+
 
 @dataclass(frozen=True, slots=True)
 class SimulatorConfig:
@@ -170,6 +176,7 @@ class ClusterSimulator:
         self._target = np.zeros(n)  # the machine's virtual clock value at which the process is done
 
         self._demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), m_count)
+        self._demand_samples.flags.writeable = False  # rows serve as the current demand without a copy
         self._demand_time: list[float] = [*(s.time for s in flow.demand), math.inf]
         self._next_demand = 0
         self._demand = np.zeros(m_count)  # cores
@@ -183,6 +190,12 @@ class ClusterSimulator:
         self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
         self._rate_array = np.ones(m_count)  # the same values, for the sums over machines
+        self._use = np.zeros(m_count)  # requested × rate per machine: the batch CPU in use, cores
+        # Batch CPU in use, summed over machines as numpy sums them, once per batch of states: each
+        # state's per-machine values are a row, and each integration step notes its row and length.
+        self._use_rows = np.zeros((_USE_ROWS, m_count))
+        self._use_row_count = 0
+        self._use_steps: list[tuple[int, float]] = []
         self._version = [0] * m_count
         self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
@@ -201,8 +214,8 @@ class ClusterSimulator:
         self._n_finished = 0
         self._queued_cpu = 0.0
         self._shortfall_rate = 0.0  # cores
-        self._batch_use_rate = 0.0  # cores
-        self._use_rate_stale = False  # requests or rates changed since _batch_use_rate was summed
+        self._batch_use_rate = 0.0  # cores, when no row is pending
+        self._use_rate_stale = False  # requests or rates changed since the last row
         self._shortfall = 0.0  # core-seconds after the warm-up
         self._unfinished = 0.0  # process-seconds after the warm-up
         self._quota_change = 0.0  # cores after the warm-up
@@ -406,7 +419,7 @@ class ClusterSimulator:
             completed_work=float(done.sum()),
             restricted_flow_time=flow_time,
             mean_restricted_flow_time=flow_time / self._n_released if self._n_released else 0.0,
-            batch_cpu_used=float(self._batch_used),
+            batch_cpu_used=float(self._flush_use()),
             events=self._events,
             costs=self.costs(),
         )
@@ -451,8 +464,8 @@ class ClusterSimulator:
             self._changed.update(moved)
             self._stale.update(moved)
             self._dirty = True
-        self._demand = demand.copy()
-        self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
+        self._demand = demand
+        self._shortfall_rate = float(_add_reduce(np.maximum(demand - self._quota, 0.0)))
         if self._config.borrowing:
             self._set_budget()
 
@@ -499,6 +512,8 @@ class ClusterSimulator:
             memory_used = 0.0
         self._requested[j] = requested
         self._requested_array[j] = requested
+        self._use[j] = requested * self._rate[j]
+        self._use_rate_stale = True
         self._memory_used[j] = memory_used
         self._changed.add(j)
         self._touched.add(j)
@@ -620,6 +635,8 @@ class ClusterSimulator:
         requested = self._requested[j] + cpu
         self._requested[j] = requested
         self._requested_array[j] = requested
+        self._use[j] = requested * self._rate[j]
+        self._use_rate_stale = True
         self._memory_used[j] += memory
         free.set(j, free.cpu[j] - cpu, free.memory[j] - memory)
         self._stale.add(j)
@@ -640,7 +657,6 @@ class ClusterSimulator:
         changed = self._changed
         if not changed:
             return
-        self._use_rate_stale = True
         now = self._time
         rate = self._rate
         virtual = self._virtual
@@ -648,12 +664,12 @@ class ClusterSimulator:
         moved: list[int] = []
         # Proportional slow-down: every process on the machine gets the same fraction of its request.
         if len(changed) > _BULK:
-            machines = np.fromiter(changed, dtype=np.int64, count=len(changed))
-            available = np.maximum(self._budget_array[machines], 0.0)
-            requested = self._requested_array[machines]
+            # Over every machine: one whose budget and requests did not change keeps its rate.
+            available = np.maximum(self._budget_array, 0.0)
+            requested = self._requested_array
             new = np.where(requested <= available + _TOL, 1.0, available / np.where(requested > 0, requested, 1.0))
-            differs = new != self._rate_array[machines]
-            moved = machines[differs].tolist()
+            differs = new != self._rate_array
+            moved = np.flatnonzero(differs).tolist()
             new_rates = new[differs].tolist()
         else:
             budget = self._budget_list
@@ -671,12 +687,15 @@ class ClusterSimulator:
                 if new_j != rate[j]:
                     moved.append(j)
                     new_rates.append(new_j)
+        if moved:
+            self._use_rate_stale = True
         for j, new_j in zip(moved, new_rates, strict=True):
             # Bring the virtual clock up to now at the old rate before the rate changes.
             virtual[j] += rate[j] * (now - virtual_at[j])
             virtual_at[j] = now
             rate[j] = new_j
             self._rate_array[j] = new_j
+            self._use[j] = self._requested[j] * new_j
         # Only machines whose rate or whose earliest-finishing process changed need a new completion.
         for j in sorted(self._touched.union(moved)):
             rate_j = rate[j]
@@ -699,14 +718,34 @@ class ClusterSimulator:
         if elapsed <= 0:
             return
         if self._use_rate_stale:
-            # The same sum over machines, in the same order, as when the rates were last recomputed.
-            self._batch_use_rate = float((self._requested_array * self._rate_array).sum())
+            if self._use_row_count == _USE_ROWS:
+                self._flush_use()
+            self._use_rows[self._use_row_count] = self._use
+            self._use_row_count += 1
             self._use_rate_stale = False
-        self._batch_used += self._batch_use_rate * elapsed
+        if self._use_row_count:
+            self._use_steps.append((self._use_row_count - 1, elapsed))
+        else:
+            self._batch_used += self._batch_use_rate * elapsed
         counted = time - max(self._time, self._config.warmup)
         if counted > 0:
             self._shortfall += self._shortfall_rate * counted
             self._unfinished += (self._n_queued + self._n_running) * counted
+
+    def _flush_use(self) -> float:
+        """Add the pending integration steps to the batch CPU used, in time order; returns the total."""
+        count = self._use_row_count
+        if count:
+            # A row-wise reduction sums each row exactly as ``ndarray.sum`` sums it alone.
+            sums = _add_reduce(self._use_rows[:count], axis=1).tolist()
+            used = self._batch_used
+            for row, elapsed in self._use_steps:
+                used += sums[row] * elapsed
+            self._batch_used = used
+            self._batch_use_rate = sums[-1]
+            self._use_row_count = 0
+            self._use_steps.clear()
+        return self._batch_used
 
     def _work_done(self, indices: np.ndarray) -> np.ndarray:
         """Core-seconds done by the given processes at the current time."""
