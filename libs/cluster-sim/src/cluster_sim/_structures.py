@@ -18,8 +18,11 @@ TOL = 1e-9
 
 
 def round9(value: float) -> float:
-    """``numpy.round(value, 9)`` for one float, bit for bit: ``rint(value × 10⁹) / 10⁹``."""
-    return round(value * 1e9) / 1e9
+    """``numpy.round(value, 9)`` for one float: ``rint(value × 10⁹) / 10⁹`` (a zero may lose its sign)."""
+    scaled = value * 1e9
+    if scaled - scaled != 0.0:  # infinite (or NaN): rint leaves it as it is
+        return scaled / 1e9
+    return round(scaled) / 1e9
 
 
 class OrderedQueue:
