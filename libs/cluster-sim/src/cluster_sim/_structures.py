@@ -43,6 +43,14 @@ class OrderedQueue:
         self._rank_of: list[int] = rank.tolist()
         self.ranks: list[int] = []
 
+    def empty_copy(self) -> OrderedQueue:
+        """A new, empty queue in the same order (sharing the order's tables, which never change)."""
+        queue = OrderedQueue.__new__(OrderedQueue)
+        queue._process_at = self._process_at
+        queue._rank_of = self._rank_of
+        queue.ranks = []
+        return queue
+
     def __len__(self) -> int:
         return len(self.ranks)
 

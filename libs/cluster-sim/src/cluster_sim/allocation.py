@@ -115,8 +115,23 @@ def decode_online_action(
     if len(demand) != len(machines):
         raise ValueError(f"demand gives {len(demand)} values for {len(machines)} machine(s)")
     # min(demand + margin × cores, cores) per machine, as whole-array float operations.
-    cpu = np.array([m.cpu for m in machines], dtype=float)
+    cpu = _cores(machines)
     return tuple(np.minimum(np.asarray(demand, dtype=float) + margin * cpu, cpu).tolist())
+
+
+_last_cores: tuple[Sequence[Machine], np.ndarray] | None = None
+
+
+def _cores(machines: Sequence[Machine]) -> np.ndarray:
+    """The machines' cores as a read-only array, kept for the last sequence asked (one per episode)."""
+    global _last_cores
+    last = _last_cores
+    if last is not None and last[0] is machines and isinstance(machines, tuple):
+        return last[1]
+    cpu = np.array([m.cpu for m in machines], dtype=float)
+    cpu.flags.writeable = False
+    _last_cores = (machines, cpu)
+    return cpu
 
 
 def decode_batch_action(action: int) -> BatchAction:

@@ -48,6 +48,9 @@ _add_reduce = np.add.reduce
 # States of the batch CPU in use summed per numpy call.
 _USE_ROWS = 256
 
+# Demand samples whose online shortfall is computed per numpy call (until the quota changes).
+_SHORTFALL_AHEAD = 8
+
 
 @dataclass(frozen=True, slots=True)
 class SimulatorConfig:
@@ -99,6 +102,85 @@ class SimulatorConfig:
             object.__setattr__(self, "aging_limit", limit)
 
 
+@dataclass(frozen=True, slots=True)
+class _FlowTables:
+    """What the simulator derives from a flow, once per flow: arrays are read-only, lists never written.
+
+    Python lists of floats serve the per-event arithmetic (the same IEEE operations as on the
+    arrays, without numpy's per-element overhead); the arrays serve reports and whole-cluster sums.
+    """
+
+    cpu: np.ndarray  # cores per machine
+    batch_memory: np.ndarray
+    p_release: np.ndarray  # s
+    p_cpu: np.ndarray  # cores
+    p_duration: np.ndarray  # s
+    cpu_list: list[float]
+    batch_memory_list: list[float]
+    p_cpu_list: list[float]
+    p_memory_list: list[float]
+    p_duration_list: list[float]
+    queues: dict[QueueOrder, OrderedQueue]  # empty, one per order, to copy
+    fifo_release: list[float]  # release times in FIFO order
+    release_process: list[int]  # processes in FIFO order: the order equal release times are handled in
+    release_time: list[float]  # fifo_release and a final infinity
+    demand_samples: np.ndarray  # (samples, machines) cores; a row serves as the current demand
+    demand_time: list[float]  # sample times and a final infinity
+
+    @classmethod
+    def of(cls, flow: ProcessFlow) -> _FlowTables:
+        """The tables of ``flow``, derived on first use and kept with the flow."""
+        tables = flow._derived.get(__name__)
+        if not isinstance(tables, _FlowTables):
+            tables = cls._derive(flow)
+            flow._derived[__name__] = tables
+        return tables
+
+    @classmethod
+    def _derive(cls, flow: ProcessFlow) -> _FlowTables:
+        machines = flow.machines
+        processes = flow.processes
+        n = len(processes)
+        cpu = np.array([m.cpu for m in machines], dtype=float)
+        batch_memory = np.array([m.batch_memory for m in machines], dtype=float)
+        p_release = np.array([p.release for p in processes], dtype=float)
+        p_cpu = np.array([p.cpu for p in processes], dtype=float)
+        p_memory = np.array([p.memory for p in processes], dtype=float)
+        p_duration = np.array([p.duration for p in processes], dtype=float)
+        p_estimate = np.array([p.estimate for p in processes], dtype=float)
+        index = np.arange(n)
+        total_memory = float(batch_memory.sum())
+        share = np.maximum(p_cpu / float(cpu.sum()), p_memory / total_memory if total_memory > 0 else 0.0)
+        fifo = np.lexsort((index, p_release))
+        orders = {
+            QueueOrder.FIFO: fifo,
+            QueueOrder.SHORTEST_ESTIMATE: np.lexsort((index, p_release, p_estimate)),
+            QueueOrder.DOMINANT_SHARE: np.lexsort((index, p_release, share)),
+        }
+        demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), len(machines))
+        for array in (cpu, batch_memory, p_release, p_cpu, p_duration, demand_samples):
+            array.flags.writeable = False
+        fifo_release = p_release[fifo].tolist()
+        return cls(
+            cpu=cpu,
+            batch_memory=batch_memory,
+            p_release=p_release,
+            p_cpu=p_cpu,
+            p_duration=p_duration,
+            cpu_list=cpu.tolist(),
+            batch_memory_list=batch_memory.tolist(),
+            p_cpu_list=p_cpu.tolist(),
+            p_memory_list=p_memory.tolist(),
+            p_duration_list=p_duration.tolist(),
+            queues={order: OrderedQueue(ranking) for order, ranking in orders.items()},
+            fifo_release=fifo_release,
+            release_process=fifo.tolist(),
+            release_time=[*fifo_release, math.inf],
+            demand_samples=demand_samples,
+            demand_time=[*(s.time for s in flow.demand), math.inf],
+        )
+
+
 class ClusterSimulator:
     """Discrete-event simulator of one :class:`ProcessFlow` under submitted allocations.
 
@@ -132,41 +214,24 @@ class ClusterSimulator:
     ) -> None:
         self._flow = flow
         self._config = config if config is not None else SimulatorConfig()
-        machines = flow.machines
-        processes = flow.processes
-        m_count = len(machines)
-        n = len(processes)
-        self._cpu = np.array([m.cpu for m in machines], dtype=float)  # cores
-        self._batch_memory = np.array([m.batch_memory for m in machines], dtype=float)
-        self._p_release = np.array([p.release for p in processes], dtype=float)  # s
-        self._p_cpu = np.array([p.cpu for p in processes], dtype=float)  # cores
-        self._p_memory = np.array([p.memory for p in processes], dtype=float)
-        self._p_duration = np.array([p.duration for p in processes], dtype=float)  # s
-        self._p_estimate = np.array([p.estimate for p in processes], dtype=float)  # s
-        # Python floats for the per-event arithmetic (the same IEEE operations as on the arrays, faster).
-        self._cpu_list: list[float] = self._cpu.tolist()
-        self._batch_memory_list: list[float] = self._batch_memory.tolist()
-        self._p_cpu_list: list[float] = self._p_cpu.tolist()
-        self._p_memory_list: list[float] = self._p_memory.tolist()
-        self._p_duration_list: list[float] = self._p_duration.tolist()
-        index = np.arange(n)
-        total_memory = float(self._batch_memory.sum())
-        share = np.maximum(
-            self._p_cpu / float(self._cpu.sum()),
-            self._p_memory / total_memory if total_memory > 0 else 0.0,
-        )
-        fifo = np.lexsort((index, self._p_release))
-        orders = {
-            QueueOrder.FIFO: fifo,
-            QueueOrder.SHORTEST_ESTIMATE: np.lexsort((index, self._p_release, self._p_estimate)),
-            QueueOrder.DOMINANT_SHARE: np.lexsort((index, self._p_release, share)),
-        }
-        self._queues = {order: OrderedQueue(ranking) for order, ranking in orders.items()}
+        tables = _FlowTables.of(flow)
+        m_count = len(flow.machines)
+        n = len(flow.processes)
+        self._cpu = tables.cpu  # cores
+        self._batch_memory = tables.batch_memory
+        self._p_release = tables.p_release  # s
+        self._p_cpu = tables.p_cpu  # cores
+        self._p_duration = tables.p_duration  # s
+        self._cpu_list = tables.cpu_list
+        self._batch_memory_list = tables.batch_memory_list
+        self._p_cpu_list = tables.p_cpu_list
+        self._p_memory_list = tables.p_memory_list
+        self._p_duration_list = tables.p_duration_list
+        self._queues = {order: queue.empty_copy() for order, queue in tables.queues.items()}
         self._fifo_queue = self._queues[QueueOrder.FIFO]
-        self._fifo_release: list[float] = self._p_release[fifo].tolist()
-        # Releases in FIFO order (the order the heap of the original design popped equal times in).
-        self._release_process: list[int] = fifo.tolist()
-        self._release_time: list[float] = [*self._fifo_release, math.inf]
+        self._fifo_release = tables.fifo_release
+        self._release_process = tables.release_process
+        self._release_time = tables.release_time
         self._next_release = 0
 
         self._state = np.zeros(n, dtype=np.int8)
@@ -175,9 +240,8 @@ class ClusterSimulator:
         self._finish = np.full(n, np.nan)
         self._target = np.zeros(n)  # the machine's virtual clock value at which the process is done
 
-        self._demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), m_count)
-        self._demand_samples.flags.writeable = False  # rows serve as the current demand without a copy
-        self._demand_time: list[float] = [*(s.time for s in flow.demand), math.inf]
+        self._demand_samples = tables.demand_samples
+        self._demand_time = tables.demand_time
         self._next_demand = 0
         self._demand = np.zeros(m_count)  # cores
         self._quota = np.zeros(m_count)  # cores
@@ -214,6 +278,8 @@ class ClusterSimulator:
         self._n_finished = 0
         self._queued_cpu = 0.0
         self._shortfall_rate = 0.0  # cores
+        self._shortfall_ahead: list[float] = []  # shortfall of samples from _shortfall_from on, current quota
+        self._shortfall_from = 0
         self._batch_use_rate = 0.0  # cores, when no row is pending
         self._use_rate_stale = False  # requests or rates changed since the last row
         self._shortfall = 0.0  # core-seconds after the warm-up
@@ -465,7 +531,16 @@ class ClusterSimulator:
             self._stale.update(moved)
             self._dirty = True
         self._demand = demand
-        self._shortfall_rate = float(_add_reduce(np.maximum(demand - self._quota, 0.0)))
+        offset = k - self._shortfall_from
+        ahead = self._shortfall_ahead
+        if not 0 <= offset < len(ahead):
+            # The shortfall of the next samples under the current quota, one row per sample (a row-wise
+            # reduction sums each row exactly as summing it alone does).
+            rows = np.maximum(self._demand_samples[k : k + _SHORTFALL_AHEAD] - self._quota, 0.0)
+            ahead = self._shortfall_ahead = _add_reduce(rows, axis=1).tolist()
+            self._shortfall_from = k
+            offset = 0
+        self._shortfall_rate = ahead[offset]
         if self._config.borrowing:
             self._set_budget()
 
@@ -478,6 +553,7 @@ class ClusterSimulator:
         self._order = QueueOrder(allocation.queue_order)
         self._fraction = allocation.admission_fraction
         self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
+        self._shortfall_ahead = []  # computed under the old quota
         self._set_budget()
         every = range(len(self._cpu_list))
         self._changed.update(every)
