@@ -120,4 +120,36 @@ def test_ordered_queue_equals_a_full_sort_of_the_queued(
         assert len(queue) == len(full_sort)
     full_sort = order[queued[order]].tolist()
     assert queue.processes(limit) == full_sort[:limit]
-    assert queue.processes_before(rank) == [int(p) for p in order[:rank] if queued[p]]
+    assert list(queue.processes_before(rank)) == [int(p) for p in order[:rank] if queued[p]]
+
+
+@SETTINGS
+@given(
+    queue_scripts(),
+    st.data(),
+    st.sampled_from([0.0, 0.5, 1.0, 2.0 - 1e-10, 2.0, 8.0, -1.0]),
+    st.sampled_from([0.0, 1.0, 3.0, 3.0 + 1e-10, 50.0]),
+)
+def test_processes_within_equals_filtering_the_queue_one_by_one(
+    script: tuple[np.ndarray, list[int]], data: st.DataObject, cpu_limit: float, memory_limit: float
+) -> None:
+    order, toggles = script
+    queue = OrderedQueue(order)
+    queued: set[int] = set()
+    for process in toggles:
+        if process in queued:
+            queue.remove(process)
+            queued.discard(process)
+        else:
+            queue.add(process)
+            queued.add(process)
+    size = order.size
+    cpu = np.array(data.draw(st.lists(st.sampled_from([0.5, 1.0, 2.0, 4.0]), min_size=size, max_size=size)))
+    memory = np.array(data.draw(st.lists(st.sampled_from([0.0, 1.0, 3.0, 7.5]), min_size=size, max_size=size)))
+    also = data.draw(st.lists(st.sampled_from(sorted(queued)), unique=True)) if queued else []
+    expected = [
+        p for p in queue.processes() if (cpu[p] - TOL <= cpu_limit and memory[p] - TOL <= memory_limit) or p in also
+    ]
+    assert queue.processes_within(cpu, memory, cpu_limit, memory_limit, also) == expected
+    if len(queued) < size:
+        queue.add(min(set(range(size)) - queued))  # numpy's view of the ranks is released: they can change

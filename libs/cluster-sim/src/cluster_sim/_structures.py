@@ -7,7 +7,9 @@ gives exactly what the full computation it replaces would give (the tests compar
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, insort
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -29,30 +31,37 @@ class OrderedQueue:
     """The queued processes of one queue order, kept sorted by their rank in that order.
 
     ``order`` is the full sort of every process of the flow (a permutation of ``range(n)``); the
-    queue holds the ranks of the processes now queued in a sorted list, so entering and starting
-    cost a binary search and a move of the list's tail (C speed), and reading the queue in order
-    costs only its length, never the flow's.
+    queue holds the ranks of the processes now queued in a sorted array of integers, so entering and
+    starting cost a binary search and a move of the array's tail (C speed), reading the queue in order
+    costs only its length, never the flow's, and numpy can read the ranks without a copy.
     """
 
-    __slots__ = ("_process_at", "_rank_of", "ranks")
+    __slots__ = ("_order", "_process_at", "_rank_of", "ranks")
 
     def __init__(self, order: np.ndarray) -> None:
+        self._order = np.array(order, dtype=np.int64)
+        self._order.flags.writeable = False
         self._process_at: list[int] = order.tolist()
         rank = np.empty(order.size, dtype=np.int64)
         rank[order] = np.arange(order.size)
         self._rank_of: list[int] = rank.tolist()
-        self.ranks: list[int] = []
+        self.ranks = array("q")
 
     def empty_copy(self) -> OrderedQueue:
         """A new, empty queue in the same order (sharing the order's tables, which never change)."""
         queue = OrderedQueue.__new__(OrderedQueue)
+        queue._order = self._order
         queue._process_at = self._process_at
         queue._rank_of = self._rank_of
-        queue.ranks = []
+        queue.ranks = array("q")
         return queue
 
     def __len__(self) -> int:
         return len(self.ranks)
+
+    def rank(self, process: int) -> int:
+        """The position of ``process`` in the order's full sort."""
+        return self._rank_of[process]
 
     def add(self, process: int) -> None:
         """Queue ``process`` (it must not be queued already)."""
@@ -69,11 +78,30 @@ class OrderedQueue:
         ranks = self.ranks if limit is None else self.ranks[:limit]
         return [at[r] for r in ranks]
 
-    def processes_before(self, rank: int) -> list[int]:
-        """The queued processes whose rank is below ``rank``, in order (a new list)."""
-        at = self._process_at
+    def processes_within(
+        self, cpu: np.ndarray, memory: np.ndarray, cpu_limit: float, memory_limit: float, also: list[int]
+    ) -> list[int]:
+        """The queued processes, in order, asking at most the limits (within :data:`TOL`), and those in ``also``.
+
+        A process is kept if ``cpu[p] - TOL <= cpu_limit`` and ``memory[p] - TOL <= memory_limit``;
+        ``also`` lists queued processes to keep whatever they ask. One pass of whole-array
+        operations over the queue, for long queues where a Python loop over it would cost more.
+        """
+        if not self.ranks:
+            return []
+        ranks = np.frombuffer(self.ranks, dtype=np.int64)  # a view: dropped before the queue changes
+        processes = self._order[ranks]
+        keep = (cpu[processes] - TOL <= cpu_limit) & (memory[processes] - TOL <= memory_limit)
+        if also:
+            rank_of = self._rank_of
+            keep[np.searchsorted(ranks, [rank_of[p] for p in also])] = True
+        del ranks
+        return processes[keep].tolist()
+
+    def processes_before(self, rank: int) -> Iterator[int]:
+        """The queued processes whose rank is below ``rank``, in order, as of this call (read lazily)."""
         ranks = self.ranks
-        return [at[r] for r in ranks[: bisect_left(ranks, rank)]]
+        return map(self._process_at.__getitem__, ranks[: bisect_left(ranks, rank)])
 
 
 class MachineIndex:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,6 +50,12 @@ _USE_ROWS = 256
 
 # Demand samples whose online shortfall is computed per numpy call (until the quota changes).
 _SHORTFALL_AHEAD = 8
+
+# Above this many queued processes, a placement pass filters the queue with numpy first.
+_LONG_QUEUE = 48
+
+# Up to this many machines whose free resources grew, an older process is checked against each first.
+_FEW_GROWN = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ class _FlowTables:
     batch_memory: np.ndarray
     p_release: np.ndarray  # s
     p_cpu: np.ndarray  # cores
+    p_memory: np.ndarray
     p_duration: np.ndarray  # s
     cpu_list: list[float]
     batch_memory_list: list[float]
@@ -158,7 +165,7 @@ class _FlowTables:
             QueueOrder.DOMINANT_SHARE: np.lexsort((index, p_release, share)),
         }
         demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), len(machines))
-        for array in (cpu, batch_memory, p_release, p_cpu, p_duration, demand_samples):
+        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_samples):
             array.flags.writeable = False
         fifo_release = p_release[fifo].tolist()
         return cls(
@@ -166,6 +173,7 @@ class _FlowTables:
             batch_memory=batch_memory,
             p_release=p_release,
             p_cpu=p_cpu,
+            p_memory=p_memory,
             p_duration=p_duration,
             cpu_list=cpu.tolist(),
             batch_memory_list=batch_memory.tolist(),
@@ -221,6 +229,7 @@ class ClusterSimulator:
         self._batch_memory = tables.batch_memory
         self._p_release = tables.p_release  # s
         self._p_cpu = tables.p_cpu  # cores
+        self._p_memory = tables.p_memory
         self._p_duration = tables.p_duration  # s
         self._cpu_list = tables.cpu_list
         self._batch_memory_list = tables.batch_memory_list
@@ -268,6 +277,9 @@ class ClusterSimulator:
         self._free = MachineIndex([0.0] * m_count, self._batch_memory_list)
         self._stale: set[int] = set(range(m_count))  # machines whose entry in _free is out of date
         self._dirty = False
+        self._fresh: list[int] = []  # processes released since the last placement pass
+        self._queued_cpus: list[float] = []  # CPU requests of the queued processes, sorted
+        self._queued_memories: list[float] = []  # memory requests of the queued processes, sorted
 
         self._order = QueueOrder.FIFO
         self._fraction = 1.0
@@ -517,6 +529,9 @@ class ClusterSimulator:
         self._state[i] = _QUEUED
         for queue in self._queues.values():
             queue.add(i)
+        self._fresh.append(i)
+        insort(self._queued_cpus, self._p_cpu_list[i])
+        insort(self._queued_memories, self._p_memory_list[i])
         self._n_released += 1
         self._n_queued += 1
         self._queued_cpu += self._p_cpu_list[i]
@@ -607,61 +622,141 @@ class ClusterSimulator:
         self._budget_array = budget
         self._budget_list = budget.tolist()
 
-    def _refresh_free(self) -> None:
-        """Bring the free CPU (admitted minus requested) and memory of the stale machines up to date."""
+    def _refresh_free(self) -> list[int]:
+        """Bring the free CPU (admitted minus requested) and memory of the stale machines up to date.
+
+        Returns:
+            The machines where either grew since the end of the last placement pass, in no order.
+        """
         stale = self._stale
         if not stale:
-            return
+            return []
         fraction = self._fraction
         budget = self._budget_list
         requested = self._requested
         batch_memory = self._batch_memory_list
         memory_used = self._memory_used
+        free = self._free
         if len(stale) > _BULK:
-            self._free.rebuild(
-                [fraction * b - r for b, r in zip(budget, requested, strict=True)],
-                [b - u for b, u in zip(batch_memory, memory_used, strict=True)],
-            )
+            old_cpu, old_memory = free.cpu, free.memory
+            new_cpu = [fraction * b - r for b, r in zip(budget, requested, strict=True)]
+            new_memory = [b - u for b, u in zip(batch_memory, memory_used, strict=True)]
+            grew = [j for j in stale if new_cpu[j] > old_cpu[j] or new_memory[j] > old_memory[j]]
+            free.rebuild(new_cpu, new_memory)
         else:
-            free = self._free
+            grew = []
             for j in stale:
-                free.set(j, fraction * budget[j] - requested[j], batch_memory[j] - memory_used[j])
+                cpu = fraction * budget[j] - requested[j]
+                memory = batch_memory[j] - memory_used[j]
+                if cpu > free.cpu[j] or memory > free.memory[j]:
+                    grew.append(j)
+                free.set(j, cpu, memory)
         stale.clear()
+        return grew
 
     def _schedule(self) -> None:
+        """One placement pass: the aged processes first (the aging guard), then the queue in its order.
+
+        Every process still queued after a pass failed to fit at the free resources the pass ended
+        with, and fails at any smaller ones. So the next pass need only consider the processes
+        released since (fresh), plus the old ones that fit a machine whose free resources grew;
+        neither skipping changes what the pass places, only what it costs.
+        """
         self._dirty = False
+        fresh = self._fresh
         if self._n_queued == 0:
+            fresh.clear()
             return
-        self._refresh_free()
+        grew = self._refresh_free()
+        self._place_aged()
+        if self._n_queued:
+            self._place_queued(fresh, grew)
+        fresh.clear()
+
+    def _place_aged(self) -> None:
+        """The aging guard: place the aged processes, oldest first, until one could start but does not fit."""
+        limit = self._config.aging_limit
+        if limit is None:
+            return
+        p_cpu = self._p_cpu_list
+        p_memory = self._p_memory_list
+        batch_memory = self._batch_memory_list
+        admitted: list[float] | None = None
+        for i in self._fifo_queue.processes_before(bisect_right(self._fifo_release, self._time - limit)):
+            if admitted is None:
+                fraction = self._fraction
+                admitted = [fraction * b for b in self._budget_list]
+            cpu = p_cpu[i]
+            memory = p_memory[i]
+            need_cpu = cpu - _TOL
+            need_memory = memory - _TOL
+            feasible = [a >= need_cpu and b >= need_memory for a, b in zip(admitted, batch_memory, strict=True)]
+            if not any(feasible):
+                continue  # cannot start under the current budgets even on an empty machine
+            if self._place(i):
+                continue
+            # Reserve the feasible machine closest to fitting it: nothing younger starts there, so it
+            # drains until the oldest process fits (other machines keep working).
+            self._reserve(self._closest(cpu, memory, feasible))
+            break
+
+    def _place_queued(self, fresh: list[int], grew: list[int]) -> None:
+        """Walk the queue in its order and start every process that fits somewhere (backfilling).
+
+        Args:
+            fresh: The processes released since the last pass (some may have started since).
+            grew: The machines whose free CPU or memory grew since the last pass; an older process
+                can fit nowhere else.
+        """
         free = self._free
         p_cpu = self._p_cpu_list
         p_memory = self._p_memory_list
-        limit = self._config.aging_limit
-        if limit is not None:
-            aged = self._fifo_queue.processes_before(bisect_right(self._fifo_release, self._time - limit))
-            if aged:
-                fraction = self._fraction
-                admitted = [fraction * b for b in self._budget_list]
-                batch_memory = self._batch_memory_list
-                for i in aged:
-                    cpu = p_cpu[i]
-                    memory = p_memory[i]
-                    need_cpu = cpu - _TOL
-                    need_memory = memory - _TOL
-                    feasible = [a >= need_cpu and b >= need_memory for a, b in zip(admitted, batch_memory, strict=True)]
-                    if not any(feasible):
-                        continue  # cannot start under the current budgets even on an empty machine
-                    if self._place(i):
-                        continue
-                    # Reserve the feasible machine closest to fitting it: nothing younger starts there,
-                    # so it drains until the oldest process fits (other machines keep working).
-                    self._reserve(self._closest(cpu, memory, feasible))
-                    break
-        if not self._n_queued:
-            return
+        queue = self._queues[self._order]
         cpu_bound = free.max_cpu + _TOL
         memory_bound = free.max_memory + _TOL
-        for i in self._queues[self._order].processes():
+        if grew:
+            free_cpu = free.cpu
+            free_memory = free.memory
+            # No older process asks less than these, so a grown machine with less can take none of them.
+            least_cpu = self._queued_cpus[0] - _TOL
+            least_memory = self._queued_memories[0] - _TOL
+            fresh_set = set(fresh)
+            if len(queue) > _LONG_QUEUE:
+                # Keep only what could fit the most any grown machine has free (and the fresh ones).
+                state = self._state
+                candidates = queue.processes_within(
+                    self._p_cpu,
+                    self._p_memory,
+                    max(free_cpu[j] for j in grew),
+                    max(free_memory[j] for j in grew),
+                    [i for i in fresh if state[i] == _QUEUED],
+                )
+            else:
+                candidates = queue.processes()
+            few = len(grew) <= _FEW_GROWN  # else a check per grown machine costs more than a best fit
+            older_may_fit = any(free_cpu[j] >= least_cpu and free_memory[j] >= least_memory for j in grew)
+            for k, i in enumerate(candidates):
+                if not older_may_fit:
+                    candidates = [i for i in candidates[k:] if i in fresh_set]
+                    break
+                if p_cpu[i] > cpu_bound or p_memory[i] > memory_bound:
+                    continue
+                if few and i not in fresh_set:
+                    need_cpu = p_cpu[i] - _TOL
+                    need_memory = p_memory[i] - _TOL
+                    if not any(free_cpu[j] >= need_cpu and free_memory[j] >= need_memory for j in grew):
+                        continue  # it did not fit these machines before, and the others did not grow
+                if self._place(i):
+                    cpu_bound = free.max_cpu + _TOL
+                    memory_bound = free.max_memory + _TOL
+                    older_may_fit = any(free_cpu[j] >= least_cpu and free_memory[j] >= least_memory for j in grew)
+            else:
+                return
+        else:
+            # Nothing grew: only the processes released since the last pass can start.
+            state = self._state
+            candidates = sorted((i for i in fresh if state[i] == _QUEUED), key=queue.rank)
+        for i in candidates:
             if p_cpu[i] > cpu_bound or p_memory[i] > memory_bound:
                 continue
             if self._place(i):
@@ -670,22 +765,11 @@ class ClusterSimulator:
 
     def _closest(self, cpu: float, memory: float, feasible: list[bool]) -> int:
         """The feasible machine with the least missing CPU plus memory (as shares), the lowest index on ties."""
-        free_cpu = self._free.cpu
-        free_memory = self._free.memory
-        capacity = self._cpu_list
-        batch_memory = self._batch_memory_list
-        best = -1
-        least = math.inf
-        for j, ok in enumerate(feasible):
-            if not ok:
-                continue
-            shortage = max(cpu - free_cpu[j], 0.0) / capacity[j] + max(memory - free_memory[j], 0.0) / max(
-                batch_memory[j], _TOL
-            )
-            if shortage < least:
-                least = shortage
-                best = j
-        return best
+        shortage = np.maximum(cpu - np.array(self._free.cpu), 0.0) / self._cpu + np.maximum(
+            memory - np.array(self._free.memory), 0.0
+        ) / np.maximum(self._batch_memory, _TOL)
+        shortage[~np.array(feasible)] = np.inf
+        return int(np.argmin(shortage))
 
     def _reserve(self, j: int) -> None:
         """Hold machine ``j`` back from younger processes for the rest of this placement pass."""
@@ -705,6 +789,10 @@ class ClusterSimulator:
         self._state[i] = _RUNNING
         for queue in self._queues.values():
             queue.remove(i)
+        queued_cpus = self._queued_cpus
+        del queued_cpus[bisect_left(queued_cpus, cpu)]
+        queued_memories = self._queued_memories
+        del queued_memories[bisect_left(queued_memories, memory)]
         self._machine_of[i] = j
         self._start[i] = self._time
         self._target[i] = target
