@@ -98,6 +98,13 @@ class OrderedQueue:
         del ranks
         return processes[keep].tolist()
 
+    def least(self, cpu: np.ndarray, memory: np.ndarray) -> tuple[float, float]:
+        """The least ``cpu`` and the least ``memory`` of the queued processes (the queue must not be empty)."""
+        ranks = np.frombuffer(self.ranks, dtype=np.int64)  # a view: dropped before the queue changes
+        processes = self._order[ranks]
+        del ranks
+        return float(cpu[processes].min()), float(memory[processes].min())
+
     def processes_before(self, rank: int) -> Iterator[int]:
         """The queued processes whose rank is below ``rank``, in order, as of this call (read lazily)."""
         ranks = self.ranks

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -278,8 +278,6 @@ class ClusterSimulator:
         self._stale: set[int] = set(range(m_count))  # machines whose entry in _free is out of date
         self._dirty = False
         self._fresh: list[int] = []  # processes released since the last placement pass
-        self._queued_cpus: list[float] = []  # CPU requests of the queued processes, sorted
-        self._queued_memories: list[float] = []  # memory requests of the queued processes, sorted
 
         self._order = QueueOrder.FIFO
         self._fraction = 1.0
@@ -530,8 +528,6 @@ class ClusterSimulator:
         for queue in self._queues.values():
             queue.add(i)
         self._fresh.append(i)
-        insort(self._queued_cpus, self._p_cpu_list[i])
-        insort(self._queued_memories, self._p_memory_list[i])
         self._n_released += 1
         self._n_queued += 1
         self._queued_cpu += self._p_cpu_list[i]
@@ -714,25 +710,26 @@ class ClusterSimulator:
         queue = self._queues[self._order]
         cpu_bound = free.max_cpu + _TOL
         memory_bound = free.max_memory + _TOL
-        if grew:
+        if len(queue) <= _LONG_QUEUE:
+            # A short queue costs less to walk whole than to sort out.
+            candidates = queue.processes()
+        elif grew:
             free_cpu = free.cpu
             free_memory = free.memory
             # No older process asks less than these, so a grown machine with less can take none of them.
-            least_cpu = self._queued_cpus[0] - _TOL
-            least_memory = self._queued_memories[0] - _TOL
+            least_cpu, least_memory = queue.least(self._p_cpu, self._p_memory)
+            least_cpu -= _TOL
+            least_memory -= _TOL
             fresh_set = set(fresh)
-            if len(queue) > _LONG_QUEUE:
-                # Keep only what could fit the most any grown machine has free (and the fresh ones).
-                state = self._state
-                candidates = queue.processes_within(
-                    self._p_cpu,
-                    self._p_memory,
-                    max(free_cpu[j] for j in grew),
-                    max(free_memory[j] for j in grew),
-                    [i for i in fresh if state[i] == _QUEUED],
-                )
-            else:
-                candidates = queue.processes()
+            # Keep only what could fit the most any grown machine has free (and the fresh ones).
+            state = self._state
+            candidates = queue.processes_within(
+                self._p_cpu,
+                self._p_memory,
+                max(free_cpu[j] for j in grew),
+                max(free_memory[j] for j in grew),
+                [i for i in fresh if state[i] == _QUEUED],
+            )
             few = len(grew) <= _FEW_GROWN  # else a check per grown machine costs more than a best fit
             older_may_fit = any(free_cpu[j] >= least_cpu and free_memory[j] >= least_memory for j in grew)
             for k, i in enumerate(candidates):
@@ -789,10 +786,6 @@ class ClusterSimulator:
         self._state[i] = _RUNNING
         for queue in self._queues.values():
             queue.remove(i)
-        queued_cpus = self._queued_cpus
-        del queued_cpus[bisect_left(queued_cpus, cpu)]
-        queued_memories = self._queued_memories
-        del queued_memories[bisect_left(queued_memories, memory)]
         self._machine_of[i] = j
         self._start[i] = self._time
         self._target[i] = target
