@@ -164,7 +164,7 @@ def main() -> None:
     print(f"one-day flow: {len(flow.machines)} machines, {len(flow.processes)} batch processes, "
           f"{len(flow.demand)} demand samples; built in {build_s:.2f} s (median of {args.runs})")  # fmt: skip
     print()
-    print("| run | wall time (s) | events | events/s | heap-loop events/s | ratio |")
+    print(f"| run | {args.clock} time (s) | events | events/s | heap-loop events/s | ratio |")
     print("|---|---|---|---|---|---|")
     outcomes = []
     for label, config in (("no borrowing", SimulatorConfig()), ("borrowing", SimulatorConfig(borrowing=True))):
