@@ -99,6 +99,8 @@ class TaskRecord(BaseModel):
     cost_value: str | None = None
     plan: dict[str, Any] | None = Field(default=None, description="The planner's TaskPlan, as a mapping.")
     resources: dict[str, Any] | None = Field(default=None, description="The resolved resources it was planned with.")
+    unit_timeout_s: float | None = Field(default=None, description="The workflow's time limit per unit, seconds.")
+    attempts: dict[str, int] = Field(default_factory=dict, description="worker -> attempts its pod was started")
     state: TaskState = TaskState.PENDING
     message: str = ""
     started_at: datetime | None = None
@@ -115,7 +117,8 @@ class RunRecord(BaseModel):
     state: RunState = RunState.SUBMITTING
     tasks: dict[str, TaskRecord] = Field(default_factory=dict, description="In the order they run.")
     snapshots: list[SnapshotRef] = Field(default_factory=list)
-    environment: str | None = Field(default=None, description="The image or interpreter of the run.")
+    environment: str | None = Field(default=None, description="The id of the run's environment, once resolved.")
+    request_id: str = Field(default="", description="The submitter's request id: a retried submission's key.")
     reservation: str | None = Field(default=None, description="The node the run reserves.")
     oom_kills: list[OomKill] = Field(default_factory=list)
     cancel_requested: bool = False
@@ -132,10 +135,11 @@ class RunRecord(BaseModel):
         """The root of the model's snapshot, first on `sys.path` of every task."""
         return self.snapshots[0].resolve(store) if self.snapshots else None
 
-    def save(self, run: RunLayout) -> None:
+    def save(self, run: RunLayout, *, durable: bool = True) -> None:
+        """Writes `run.json` atomically; `durable=False` skips its fsync (see `write_bytes_atomic`)."""
         self.updated_at = utcnow()
         # Unsorted: the order of `tasks` is the order they run.
-        write_json_atomic(run.record, self.model_dump(mode="json"), sort_keys=False)
+        write_json_atomic(run.record, self.model_dump(mode="json"), sort_keys=False, durable=durable)
 
     @classmethod
     def load(cls, run: RunLayout) -> RunRecord:

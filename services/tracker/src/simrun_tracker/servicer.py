@@ -11,6 +11,7 @@ from simrun_core.paging import page
 from simrun_core.rpc.auth import current_identity
 
 from simrun_tracker import convert
+from simrun_tracker.outputs import OutputStore
 from simrun_tracker.tracker import RunTracker
 
 
@@ -34,11 +35,10 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         self, request: tracker_pb2.ListRunsRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.ListRunsResponse:
         state = convert.RUN_STATE_FROM_PROTO.get(request.state)
-        run_ids = self.tracker.list(request.group, state.value if state else "", request.owner)
-        scope = f"{request.group}|{request.state}|{request.owner}"
-        chunk, token = page(run_ids, request.page_size, request.page_token, scope, default=50)
-        runs = [convert.run_message(self.tracker.get(run_id)) for run_id in chunk]
-        return tracker_pb2.ListRunsResponse(runs=runs, next_page_token=token)
+        records, token = self.tracker.page(
+            request.group, state.value if state else "", request.owner, request.page_size, request.page_token
+        )
+        return tracker_pb2.ListRunsResponse(runs=[convert.run_message(r) for r in records], next_page_token=token)
 
     def CancelRun(
         self, request: tracker_pb2.CancelRunRequest, context: grpc.ServicerContext
@@ -49,7 +49,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def WatchRun(
         self, request: tracker_pb2.WatchRunRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.WatchRunResponse]:
-        for record, progress in self.tracker.watch(request.run_id):
+        for record, progress in self.tracker.watch(request.run_id, context.is_active):
             if not context.is_active():
                 return
             yield tracker_pb2.WatchRunResponse(
@@ -84,3 +84,24 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         nodes = [convert.node_message(node) for node in self.tracker.nodes()]
         chunk, token = page(nodes, request.page_size, request.page_token, "nodes", default=100)
         return tracker_pb2.ListNodesResponse(nodes=chunk, next_page_token=token)
+
+    def ListOutputs(
+        self, request: tracker_pb2.ListOutputsRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.ListOutputsResponse:
+        files = OutputStore(self.tracker.store).list_files(
+            self.tracker.get(request.run_id), request.task_id, request.port
+        )
+        scope = f"outputs|{request.run_id}|{request.task_id}|{request.port}"
+        chunk, token = page(files, request.page_size, request.page_token, scope, default=1000)
+        return tracker_pb2.ListOutputsResponse(
+            files=[convert.output_file_message(f) for f in chunk], next_page_token=token
+        )
+
+    def FetchOutput(
+        self, request: tracker_pb2.FetchOutputRequest, context: grpc.ServicerContext
+    ) -> Iterator[tracker_pb2.FetchOutputResponse]:
+        record = self.tracker.get(request.run_id)
+        for piece in OutputStore(self.tracker.store).fetch(record, request.task_id, request.port):
+            if not context.is_active():
+                return
+            yield convert.output_chunk_message(piece)
