@@ -70,7 +70,7 @@ def attempt_from_pod(pod: Mapping[str, Any], deleted: bool = False) -> Attempt:
     main = next((c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {})
     state = main.get("state") or {}
     terminated = state.get("terminated") or (main.get("lastState") or {}).get("terminated")
-    started = bool(state.get("running") or terminated or main.get("started"))
+    started = "running" in state or bool(terminated) or bool(main.get("started"))
     memory = _limit_gb(spec)
     common = {
         "key": key,
@@ -229,8 +229,18 @@ def worker_status(spec: PodSpec, attempts: list[Attempt], context: WorkerContext
             break
     history = context.history
     if history is not None:
-        if len(history.memory_kills) > len(kills):
-            kills = [*history.memory_kills[: len(history.memory_kills) - len(kills)], *kills]
+        # The record's kills that the API no longer shows come first (kills go from the planned memory to the
+        # retry memory): a recorded kill matches a seen one of the same memory, in order.
+        seen = iter(kills)
+        upcoming = next(seen, None)
+        forgotten = []
+        for kill in history.memory_kills:
+            if upcoming is not None and abs(upcoming.memory_gb - kill.memory_gb) < 1e-6:
+                upcoming = next(seen, None)
+            else:
+                forgotten.append(kill)
+        if forgotten:
+            kills = [*forgotten, *kills]
             memory = spec.retry_memory_gb
             if len(kills) >= 2 and failure is None:
                 last = kills[-1]
