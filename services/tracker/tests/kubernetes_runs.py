@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from simrun_planner import PodShape, TaskPlan
+from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord
 from simrun_tracker.executor import PodRole, PodSpec, RunSpec, TaskSpec
 
 IMAGE = "registry.simrun:5000/simrun/env@sha256:" + "ab" * 32
@@ -68,4 +72,30 @@ def scan_run(
         run_id,
         [task(run_id, "scan", pods, **kw), task(run_id, "plot", 1, ["scan"], split=False, **kw)],
         reservation,
+    )
+
+
+def planned_record(run_id: str = "20261201-080000-aaaaaa", environment: str = "env-1") -> RunRecord:
+    """A planned run as the tracker records it: a split task `scan` of 3 pods, then `plot` (unsplit) reading it."""
+    shape = PodShape(
+        cores=2, memory_gb=4, processes=2, per_worker_gb=1.5, retry_memory_gb=6, retry_per_worker_gb=2.25,
+        scratch_gb=0.0, gpus=0,
+    )  # fmt: skip
+
+    def plan(task_id: str, pods: int, units: int | None) -> dict:
+        return dataclasses.asdict(
+            TaskPlan(task_id, pods, shape, "simrun-standard-base", "simrun-standard-extra", units, True)
+        )
+
+    return RunRecord(
+        run_id=run_id,
+        identity=Identity(name="bob", kind="person", priority="standard"),
+        state=RunState.RUNNING,
+        environment=environment,
+        tasks={
+            "scan": TaskRecord(task_id="scan", type="m:Scan", split=True, units=12, plan=plan("scan", 3, 12)),
+            "plot": TaskRecord(
+                task_id="plot", type="m:Plot", inputs={"table": "scan.table"}, plan=plan("plot", 1, None)
+            ),
+        },
     )

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 from kubernetes_fake_api import ArgoScript, FakeApiServer, node
-from kubernetes_runs import scan_run
+from kubernetes_runs import IMAGE, planned_record, scan_run
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.reports import WorkerReport, utcnow
 from simrun_tracker.executor import PodHistory, PodPhase, PodStatus, RunRecovery, TaskOrdering
 from simrun_tracker.kubernetes.adapter import KubernetesExecutor
 from simrun_tracker.kubernetes.config import KubernetesSettings
+from simrun_tracker.pods import run_spec
 
 RUN = "20261201-080000-aaaaaa"
 NS = "simrun"
@@ -401,3 +402,23 @@ def test_logs_stream_live_and_are_archived_in_the_store_once_the_pod_ended(make,
         time.sleep(0.02)
     assert archive.read_text() == "starting\nhalf\ndone\n"
     assert list(executor.logs(RUN, "plot", "", follow=False)) == [("w0.1.log", "starting\nhalf\ndone\n")]
+
+
+def test_after_a_restart_the_record_and_the_workflow_suffice_to_follow_a_run(make, api, store) -> None:
+    record = planned_record(RUN)
+    record.save(store.run(RUN))
+    first = make()
+    first.start_run(run_spec(record, "env-1", 30.0, IMAGE))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    w0 = argo.create_pod(RUN, "scan-w0", "w0")
+    argo.admit(w0, "node-a")
+    wait_for(first, lambda p: p["scan/w0"].phase is PodPhase.RUNNING)
+    first.close()
+
+    second = make()
+    second.restore(RunRecovery(RUN, None, [PodHistory("scan", "w0", [], attempts=1)]))
+    pods = wait_for(second, lambda p: p["scan/w0"].phase is PodPhase.RUNNING)  # no start_run: adopted
+    assert set(pods) == {"scan/w0", "scan/w1", "scan/w2", "plot/w0"}
+    assert pods["scan/w0"].spec.image == IMAGE and pods["scan/w0"].spec.grace_s == 30.0
+    assert len([r for r in api.cluster.requests if r.method == "POST"]) == 1

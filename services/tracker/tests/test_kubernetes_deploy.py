@@ -89,8 +89,9 @@ def test_kueue_preempts_lower_priorities_within_the_queue_only() -> None:
 def test_the_server_config_chooses_the_kubernetes_executor_with_the_deployed_names() -> None:
     config_map = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "simrun-config")
     config = yaml.safe_load(config_map["data"]["server.yaml"])
-    executor = KubernetesSettings.model_validate(config.pop("executor"))
-    ServerConfig.model_validate(config)
+    server = ServerConfig.model_validate(config)
+    assert server.executor.kind == "kubernetes"
+    executor = KubernetesSettings.model_validate(server.executor.kubernetes)
     (local,) = by_kind("LocalQueue")
     claims = [d for d in by_kind("PersistentVolumeClaim") if d["metadata"]["name"] == executor.store_claim]
     assert executor.local_queue == local["metadata"]["name"] and claims

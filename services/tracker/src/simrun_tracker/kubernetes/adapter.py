@@ -28,6 +28,7 @@ from simrun_core.errors import FailedPrecondition, NotFound, SimrunError, Unavai
 from simrun_planner import Node
 from simrun_runtime.files import write_bytes_atomic
 from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import RunRecord
 from simrun_runtime.reports import load_reports
 
 from simrun_tracker.executor import (
@@ -65,6 +66,7 @@ from simrun_tracker.kubernetes.phase import (
     worker_status,
 )
 from simrun_tracker.kubernetes.render import WORKER_PARAMETER, render_workflow
+from simrun_tracker.pods import run_spec
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ class KubernetesExecutor:
         store: the run store as this tracker mounts it (worker reports are read, ended pods' logs written there).
         client: a `kubernetes.client.ApiClient`; None: made from the settings.
         sync_timeout_s: how long the constructor waits for the first list of nodes, pods and Workflows.
+        grace_s: the tracker's termination grace, for the pods of runs rebuilt from their records after a restart.
     """
 
     ordering = TaskOrdering.ADAPTER
@@ -112,11 +115,13 @@ class KubernetesExecutor:
         store: StoreLayout,
         client: Any = None,
         sync_timeout_s: float = 10.0,
+        grace_s: float = 30.0,
     ) -> None:
         from kubernetes import client as k8s  # imported only when this executor is chosen
 
         self.settings = settings
         self.store = store
+        self.grace_s = grace_s
         self._client = client if client is not None else api_client(settings)
         self._core = k8s.CoreV1Api(self._client)
         self._custom = k8s.CustomObjectsApi(self._client)
@@ -164,10 +169,6 @@ class KubernetesExecutor:
         deadline = time.monotonic() + sync_timeout_s
         for informer in self._informers:
             informer.wait_synced(max(0.0, deadline - time.monotonic()))
-
-    @classmethod
-    def from_settings(cls, settings: KubernetesSettings, store: StoreLayout) -> KubernetesExecutor:
-        return cls(settings, store)
 
     # The port.
 
@@ -265,9 +266,16 @@ class KubernetesExecutor:
             self._queue(f"release node {node} of run {run_id}", lambda node=node: self._label_node(node, None))
 
     def restore(self, recovery: RunRecovery) -> None:
+        """Re-applies a run's record after a restart and adopts its Workflow, rebuilt from the record and the API.
+
+        The run's pods come from its record (`run.json`), their image and grace from the Workflow the API holds,
+        so the driver follows the run without handing it over again; nothing on the cluster is changed.
+        """
         history = {(p.task_id, p.worker): p for p in recovery.pods}
         with self._lock:
             run = self._runs.get(recovery.run_id)
+            if run is None:
+                run = self._adopt_from_record(recovery.run_id)
             if run is not None:
                 run.history.update(history)
                 run.dirty = True
@@ -318,6 +326,28 @@ class KubernetesExecutor:
         self._worker.join(timeout=10)
         for informer in self._informers:
             informer.stop()
+
+    def _adopt_from_record(self, run_id: str) -> _Run | None:
+        """The run of a record whose Workflow is in the API (None if either is missing: `start_run` then follows)."""
+        workflow = self._workflows.get(run_id)
+        layout = self.store.run(run_id)
+        if workflow is None or not layout.record.is_file():
+            return None
+        record = RunRecord.load(layout)
+        if any(task.plan is None for task in record.tasks.values()) or not record.environment:
+            return None
+        main = next((t["container"] for t in workflow.get("spec", {}).get("templates", []) if "container" in t), None)
+        if main is None:
+            return None
+        variables = {e["name"]: e.get("value", "") for e in main.get("env") or []}
+        try:
+            grace_s = float(variables.get("SIMRUN_GRACE_S", self.grace_s))
+        except ValueError:
+            grace_s = self.grace_s
+        spec = run_spec(record, record.environment, grace_s, main.get("image", ""))
+        run = _Run(spec, workflow, {task_node(t.task_id): t for t in spec.tasks}, submitted=True)
+        self._runs[run_id] = run
+        return run
 
     # Observation.
 

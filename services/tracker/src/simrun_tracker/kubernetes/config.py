@@ -1,9 +1,8 @@
-"""The settings of the kubernetes executor: the `executor: {kind: kubernetes, ...}` section of the server config."""
+"""The settings of the kubernetes executor: `executor: {kind: kubernetes, kubernetes: {...}}` of the server config."""
 
 from __future__ import annotations
 
 from pathlib import PurePosixPath
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -22,7 +21,6 @@ class KubernetesSettings(BaseModel):
     """How the kubernetes executor reaches the cluster and what its Workflows and pods look like."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["kubernetes"] = "kubernetes"
     namespace: str = Field(default="simrun", pattern=DNS_LABEL, description="Where Workflows and pods live.")
     kubeconfig: str | None = Field(default=None, description="A kubeconfig file; None: in-cluster, else ~/.kube.")
     context: str | None = Field(default=None, description="The kubeconfig context; None: its current one.")
