@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes_fake_api import ArgoScript, FakeApiServer, node
 from kubernetes_runs import IMAGE, planned_record, scan_run
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -422,3 +423,35 @@ def test_after_a_restart_the_record_and_the_workflow_suffice_to_follow_a_run(mak
     assert set(pods) == {"scan/w0", "scan/w1", "scan/w2", "plot/w0"}
     assert pods["scan/w0"].spec.image == IMAGE and pods["scan/w0"].spec.grace_s == 30.0
     assert len([r for r in api.cluster.requests if r.method == "POST"]) == 1
+
+
+def test_the_server_config_chooses_the_kubernetes_executor(api, store, tmp_path) -> None:
+    from simrun_core.config import ServerConfig
+    from simrun_tracker.kubernetes import kubernetes_executor
+    from simrun_tracker.ports import ServerEnvironments
+    from simrun_tracker.server import build_executor
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": "tracker", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tracker"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    config = ServerConfig.model_validate(
+        {"executor": {"kind": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig), "namespace": "simrun"}}}
+    )
+    executor = build_executor(config, store, ServerEnvironments())
+    try:
+        assert isinstance(executor, KubernetesExecutor)
+        assert {n.name for n in executor.nodes()} == {"node-a", "node-b"}
+    finally:
+        executor.close()
+    with pytest.raises(InvalidArgument, match="namespce"):
+        kubernetes_executor({"namespce": "x"}, store, 30.0)
