@@ -403,6 +403,27 @@ def test_logs_stream_live_and_are_archived_in_the_store_once_the_pod_ended(make,
         time.sleep(0.02)
     assert archive.read_text() == "starting\nhalf\ndone\n"
     assert list(executor.logs(RUN, "plot", "", follow=False)) == [("w0.1.log", "starting\nhalf\ndone\n")]
+    # Argo collects the pods once the Workflow succeeds: the archive still answers; a retry is the next attempt.
+    api.cluster.delete("pods", NS, name)
+    again = argo.create_pod(RUN, "plot-w0", "w0", attempt=1)
+    argo.admit(again, "node-b")
+    argo.exit(again, 0, log=b"second\n")
+    second = store.run(RUN).task("plot").logs / "w0.2.log"
+    deadline = time.monotonic() + 5
+    while not second.exists():
+        assert time.monotonic() < deadline, "the retry's log was not archived"
+        time.sleep(0.02)
+    api.cluster.delete("pods", NS, again)
+    deadline = time.monotonic() + 5
+    while executor._task_pods(RUN, "plot", "w0"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert list(executor.logs(RUN, "plot", "w0", follow=False)) == [
+        ("w0.1.log", "starting\nhalf\ndone\n"),
+        ("w0.2.log", "second\n"),
+    ]
+    with pytest.raises(InvalidArgument, match="no worker"):
+        list(executor.logs(RUN, "plot", "../x", follow=False))
 
 
 def test_after_a_restart_the_record_and_the_workflow_suffice_to_follow_a_run(make, api, store) -> None:

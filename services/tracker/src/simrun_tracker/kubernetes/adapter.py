@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from simrun_core.errors import FailedPrecondition, NotFound, SimrunError, Unavailable
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, SimrunError, Unavailable
 from simrun_planner import Node
 from simrun_runtime.files import write_bytes_atomic
 from simrun_runtime.layout import StoreLayout
@@ -46,6 +47,7 @@ from simrun_tracker.kubernetes.api import CONFLICT, api_client, classify, status
 from simrun_tracker.kubernetes.config import KubernetesSettings
 from simrun_tracker.kubernetes.informer import Informer
 from simrun_tracker.kubernetes.names import (
+    NODE_NAME_ANNOTATION,
     RESERVED,
     RUN_LABEL,
     TASK_ANNOTATION,
@@ -134,7 +136,9 @@ class KubernetesExecutor:
         self._listeners: list[ChangeListener] = []
         self._pending_history: dict[str, dict[tuple[str, str], PodHistory]] = {}
         """What `restore` re-applied for runs not handed over again yet."""
-        self._ops: queue.Queue[tuple[str, Callable[[], None]] | None] = queue.Queue()
+        self._ops: queue.Queue[tuple[str, Callable[[], None], bool] | None] = queue.Queue()
+        self._archives: queue.Queue[tuple[str, Callable[[], None], bool] | None] = queue.Queue()
+        """Logs to archive, apart from `_ops`, so a backlog of logs never delays a stop or a reservation."""
         self._closed = threading.Event()
         self.events_seen = 0
         ns = settings.namespace
@@ -164,8 +168,11 @@ class KubernetesExecutor:
         self._nodes_informer = self._informers[0]
         for informer in self._informers:
             informer.start()
-        self._worker = threading.Thread(target=self._carry_out, name="simrun-k8s-actions", daemon=True)
-        self._worker.start()
+        self._worker = threading.Thread(target=self._carry_out, args=(self._ops,), name="simrun-k8s-actions")
+        self._archiver = threading.Thread(target=self._carry_out, args=(self._archives,), name="simrun-k8s-logs")
+        for thread in (self._worker, self._archiver):
+            thread.daemon = True
+            thread.start()
         deadline = time.monotonic() + sync_timeout_s
         for informer in self._informers:
             informer.wait_synced(max(0.0, deadline - time.monotonic()))
@@ -292,30 +299,47 @@ class KubernetesExecutor:
                     )
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
-        """The logs of a task's pods, attempt by attempt: archived ones from the store, live ones from the API."""
+        """The logs of a task's pods, attempt by attempt (`<worker>.<attempt>.log`): those of ended pods from their
+        archive in the store (pods are collected once their Workflow succeeds), live ones from the API."""
+        if worker and not re.fullmatch(r"w[0-9]+|merge", worker):
+            raise InvalidArgument(f"no worker {worker!r}: w0 (the coordinator), w1, …, or merge")
+        logs_dir = self.store.run(run_id).task(task_id).logs
         done: set[str] = set()
         while True:
-            pods = self._task_pods(run_id, task_id, worker)
-            for number, obj, name in pods:
-                log_name = f"{obj['metadata']['labels'].get(WORKER_LABEL, '')}.{number}.log"
-                if name in done:
+            live = {self._log_name(obj, number): obj for number, obj, _ in self._task_pods(run_id, task_id, worker)}
+            for log_name, obj in live.items():
+                if log_name in done:
                     continue
-                archive = self.store.run(run_id).task(task_id).logs / log_name
-                ended = attempt_from_pod(obj).phase in (AttemptPhase.SUCCEEDED, AttemptPhase.ENDED)
-                if archive.is_file() and ended:
-                    done.add(name)
-                    text = archive.read_text(errors="replace")
-                    if text:
+                phase = attempt_from_pod(obj).phase
+                if phase is AttemptPhase.WAITING:
+                    continue
+                ended = phase in (AttemptPhase.SUCCEEDED, AttemptPhase.ENDED)
+                archive = logs_dir / log_name
+                done.add(log_name)
+                if ended and archive.is_file():
+                    if text := archive.read_text(errors="replace"):
                         yield log_name, text
                     continue
-                if attempt_from_pod(obj).phase is AttemptPhase.WAITING:
-                    continue
-                done.add(name)
                 yield from self._live_log(obj, log_name, follow and not ended)
+            archived = sorted(logs_dir.glob(f"{worker or '*'}.*.log")) if logs_dir.is_dir() else []
+            for path in archived:
+                if path.name not in done and path.name not in live:
+                    done.add(path.name)
+                    if text := path.read_text(errors="replace"):
+                        yield path.name, text
             statuses = [s for s in self.pods(run_id) if s.spec.task_id == task_id]
             if not follow or (statuses and all(s.phase.final for s in statuses)) or self._closed.is_set():
                 return
             time.sleep(0.25)
+
+    @staticmethod
+    def _log_name(obj: Obj, number: int) -> str:
+        """`<worker>.<attempt>.log`, the attempt from Argo's node name (`…-w0(2)` is the third), else its order."""
+        meta = obj["metadata"]
+        node_name = (meta.get("annotations") or {}).get(NODE_NAME_ANNOTATION, "")
+        match = re.search(r"\(([0-9]+)\)$", node_name)
+        attempt = int(match.group(1)) + 1 if match else number
+        return f"{(meta.get('labels') or {}).get(WORKER_LABEL, '')}.{attempt}.log"
 
     def close(self) -> None:
         """Stops the informers and the action thread after what is queued (a few seconds at most); nothing else."""
@@ -323,7 +347,9 @@ class KubernetesExecutor:
             return
         self._closed.set()
         self._ops.put(None)
+        self._archives.put(None)
         self._worker.join(timeout=10)
+        self._archiver.join(timeout=10)
         for informer in self._informers:
             informer.stop()
 
@@ -391,7 +417,9 @@ class KubernetesExecutor:
             if run is not None:
                 run.dirty = True
         if archive is not None:
-            self._queue(f"archive the log of pod {archive['metadata']['name']}", lambda: self._archive(archive))
+            self._queue(
+                f"archive the log of pod {archive['metadata']['name']}", lambda: self._archive(archive), essential=False
+            )
         self._notify(run_id)
 
     def _notify(self, run_id: str) -> None:
@@ -531,15 +559,19 @@ class KubernetesExecutor:
 
     # Actions (the one thread that changes the cluster).
 
-    def _queue(self, what: str, action: Callable[[], None]) -> None:
-        self._ops.put((what, action))
+    def _queue(self, what: str, action: Callable[[], None], *, essential: bool = True) -> None:
+        """Queues a change of the cluster; one that is not essential (archiving a log) is dropped once closing,
+        since a restarted tracker lists the ended pods again and archives what is missing."""
+        (self._ops if essential else self._archives).put((what, action, essential))
 
-    def _carry_out(self) -> None:
+    def _carry_out(self, ops: queue.Queue[tuple[str, Callable[[], None], bool] | None]) -> None:
         while True:
-            item = self._ops.get()
+            item = ops.get()
             if item is None:
                 return
-            what, action = item
+            what, action, essential = item
+            if self._closed.is_set() and not essential:
+                continue
             failures = 0
             while True:
                 try:
@@ -645,10 +677,8 @@ class KubernetesExecutor:
         if not task_id:
             return
         worker = meta["labels"].get(WORKER_LABEL, "")
-        number = next((n for n, _, name in self._task_pods(run_id, task_id, worker) if name == meta["name"]), None)
-        if number is None:
-            return
-        path = self.store.run(run_id).task(task_id).logs / f"{worker}.{number}.log"
+        number = next((n for n, _, name in self._task_pods(run_id, task_id, worker) if name == meta["name"]), 1)
+        path = self.store.run(run_id).task(task_id).logs / self._log_name(obj, number)
         if path.exists():
             return
         try:
