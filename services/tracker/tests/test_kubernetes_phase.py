@@ -54,6 +54,7 @@ PREEMPTED = [{"type": "TerminationTarget", "status": "True"}]
         (k8s_pod("Running"), False, AttemptPhase.RUNNING, {"started": True, "node": "node-a", "memory_gb": 6.0}),
         (k8s_pod("Running", conditions=PREEMPTED), False, AttemptPhase.RUNNING, {"preempted": True}),
         (k8s_pod("Succeeded", terminated={"exitCode": 0}), False, AttemptPhase.SUCCEEDED, {"exit_code": 0}),
+        (k8s_pod("Succeeded", terminated={"exitCode": 0}), True, AttemptPhase.SUCCEEDED, {"exit_code": 0}),
         (
             k8s_pod("Failed", terminated={"exitCode": 137, "reason": "OOMKilled"}),
             False,

@@ -84,7 +84,7 @@ def attempt_from_pod(pod: Mapping[str, Any], deleted: bool = False) -> Attempt:
     if terminated:
         code = terminated.get("exitCode")
         oom = terminated.get("reason") == "OOMKilled"
-        if code == 0 and not deleted and phase == "Succeeded":
+        if code == 0 and phase == "Succeeded":  # also once deleted: Argo collects succeeded pods
             return Attempt(phase=AttemptPhase.SUCCEEDED, exit_code=0, **common)
         if phase in ("Failed", "Succeeded") or deleted:
             message = terminated.get("reason") or terminated.get("message") or ""
