@@ -1,7 +1,8 @@
 """Argo and Kueue played against the fake API server, so the executor contract suite can run the kubernetes adapter.
 
 A controller thread does, every few milliseconds, what the two controllers would: for each Workflow, Argo makes a
-pod per DAG node (`-w0`, each `-extra` item, `-merge`) and a new attempt after an exit its retry strategy retries
+pod per DAG node (`-w0`, each `-extra` item, `-merge`) once the nodes it depends on succeeded, and a new attempt
+after an exit its retry strategy retries
 (137 with the retry patch's memory, 143, a deleted pod), and ends running pods with 143 once the Workflow is shut
 down; Kueue admits gated pods by the local adapter's admission function (`simrun_tracker.local.admission.decide`,
 Kueue's rules as a pure function), preempts lower priorities (marks, 143, deletes) and, as a NoExecute taint does,
@@ -49,6 +50,8 @@ class ScriptedCluster:
         self._tried: dict[tuple[str, str, str], list[int]] = {}
         """The exit codes of each node's ended attempts, as Argo's node status keeps them."""
         self._ended: set[str] = set()
+        self._succeeded: set[tuple[str, str]] = set()
+        """(run, DAG node) that succeeded, which the nodes depending on them wait for."""
         self._thread = threading.Thread(target=self._run, name="scripted-argo-kueue", daemon=True)
         self._thread.start()
 
@@ -99,6 +102,9 @@ class ScriptedCluster:
                 continue
             templates = {t["name"]: t for t in wf["spec"]["templates"]}
             for task in templates["run"]["dag"]["tasks"]:
+                needs = [w.strip() for w in task.get("depends", "").split("&&") if w.strip()]
+                if any((run_id, need) not in self._succeeded for need in needs):
+                    continue  # Argo starts a DAG node once the nodes it depends on succeeded
                 workers = ["w0" if task["name"].endswith("-w0") else "merge"]
                 if "withSequence" in task:
                     start, end = int(task["withSequence"]["start"]), int(task["withSequence"]["end"])
@@ -124,6 +130,8 @@ class ScriptedCluster:
             if name not in self._ended:
                 self._ended.add(name)
                 tried.append(pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"])
+                if tried[-1] == 0:
+                    self._succeeded.add((run_id, template))
         if tried and (tried[-1] not in RETRIED or len(tried) > limit):
             return
         memory = bool(tried) and tried[-1] == 137

@@ -36,6 +36,7 @@ from simrun_tracker.executor import (
     SIGKILL_EXIT,
     ChangeListener,
     PodHistory,
+    PodPhase,
     PodSpec,
     PodStatus,
     RunRecovery,
@@ -235,7 +236,29 @@ class KubernetesExecutor:
             if run.dirty:
                 run.statuses = self._statuses(run)
                 run.dirty = False
-            return [_copy(s) for s in run.statuses]
+                finished = self._finished(run)
+            else:
+                finished = False
+            statuses = [_copy(s) for s in run.statuses]
+        if finished:
+            # Every task is done (merged, or its pods succeeded): what is left are extra workers waiting for
+            # admission, which would hold the Workflow open; the run is over, so its Workflow is stopped.
+            self._queue(f"stop the finished workflow of run {run_id}", lambda: self._shutdown(run_id))
+        return statuses
+
+    def _finished(self, run: _Run) -> bool:
+        """Whether every task is done and the Workflow still runs; marks the run stopped once it is."""
+        if run.stopped or not run.submitted or not run.statuses:
+            return False
+        phases: dict[str, set[PodPhase]] = {}
+        for status in run.statuses:
+            phases.setdefault(status.spec.task_id, set()).add(status.phase)
+        done = all(t in run.stopped_tasks or phases.get(t) == {PodPhase.SUCCEEDED} for t in phases)
+        workflow = (self._workflows.get(run.spec.run_id) or {}).get("status") or {}
+        if done and workflow.get("phase") not in FINAL_WORKFLOW:
+            run.stopped = True
+            return True
+        return False
 
     def stop_pods(self, run_id: str, task_id: str | None = None) -> None:
         with self._lock:
