@@ -48,3 +48,12 @@ def test_render_refuses_what_a_submission_refuses_in_one_line(model_repo: Path, 
         cli, ["render", str(model_repo / "pi.yaml"), "--nodes", str(nodes_file(tmp_path)), "--image", "env:latest"]
     )
     assert tagged.exit_code == 1 and "by digest" in tagged.output
+
+
+def test_render_without_nodes_plans_on_the_server_s_nodes_with_the_token_s_priority(invoke, model_repo: Path) -> None:
+    result = invoke("render", model_repo / "pi.yaml", "--image", IMAGE)
+    assert result.exit_code == 0, result.output
+    workflow = yaml.safe_load(result.stdout)
+    assert schemas.errors(workflow) == []
+    templates = {t["name"]: t for t in workflow["spec"]["templates"]}
+    assert templates["estimate-w0"]["priorityClassName"] == "simrun-owner-base"  # the server's owner token
