@@ -476,3 +476,23 @@ def test_the_server_config_chooses_the_kubernetes_executor(api, store, tmp_path)
         executor.close()
     with pytest.raises(InvalidArgument, match="namespce"):
         kubernetes_executor({"namespce": "x"}, store, 30.0)
+
+
+def test_a_run_recorded_queued_whose_workflow_was_never_created_is_submitted_after_a_restart(make, api, store) -> None:
+    record = planned_record(RUN)
+    record.save(store.run(RUN))
+    settings = KubernetesSettings(default_image=IMAGE, watch_timeout_s=2, backoff_max_s=0.5)
+    executor = KubernetesExecutor(settings, store, client=api.client())
+    try:
+        executor.restore(RunRecovery(RUN, None, []))
+        submitted(api)  # the tracker stopped between recording the run and creating its Workflow
+        pods = wait_for(executor, lambda p: len(p) == 4)
+        assert all(p.phase is PodPhase.PENDING for p in pods.values())
+    finally:
+        executor.close()
+    other = planned_record("20261201-080000-cccccc")
+    other.save(store.run(other.run_id))
+    bare = make()  # no default image: the run cannot be made again, and says so instead of waiting forever
+    bare.restore(RunRecovery(other.run_id, None, []))
+    statuses = bare.pods(other.run_id)
+    assert statuses and all(s.phase is PodPhase.FAILED and "default_image" in s.message for s in statuses)

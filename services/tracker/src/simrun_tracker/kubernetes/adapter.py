@@ -29,7 +29,7 @@ from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Si
 from simrun_planner import Node
 from simrun_runtime.files import write_bytes_atomic
 from simrun_runtime.layout import StoreLayout
-from simrun_runtime.record import RunRecord
+from simrun_runtime.record import RunRecord, RunState
 from simrun_runtime.reports import load_reports
 
 from simrun_tracker.executor import (
@@ -377,14 +377,27 @@ class KubernetesExecutor:
             informer.stop()
 
     def _adopt_from_record(self, run_id: str) -> _Run | None:
-        """The run of a record whose Workflow is in the API (None if either is missing: `start_run` then follows)."""
-        workflow = self._workflows.get(run_id)
+        """The run of an active record after a restart: its Workflow adopted, or made again if the tracker stopped
+        before it was created (None for a run still submitting: the driver hands it over once it is planned)."""
         layout = self.store.run(run_id)
-        if workflow is None or not layout.record.is_file():
+        if not layout.record.is_file():
             return None
         record = RunRecord.load(layout)
-        if any(task.plan is None for task in record.tasks.values()) or not record.environment:
+        if record.state not in (RunState.QUEUED, RunState.RUNNING) or not record.environment:
             return None
+        if any(task.plan is None for task in record.tasks.values()):
+            return None
+        workflow = self._workflows.get(run_id)
+        if workflow is None:
+            spec = run_spec(record, record.environment, self.grace_s)
+            try:
+                run = _Run(spec, render_workflow(spec, self.settings), {task_node(t.task_id): t for t in spec.tasks})
+            except SimrunError as exc:
+                run = _Run(spec, {}, {task_node(t.task_id): t for t in spec.tasks}, refused=str(exc))
+            else:
+                self._queue(f"create the workflow of run {run_id} again", lambda: self._create(run_id))
+            self._runs[run_id] = run
+            return run
         main = next((t["container"] for t in workflow.get("spec", {}).get("templates", []) if "container" in t), None)
         if main is None:
             return None
