@@ -14,7 +14,7 @@ from simrun_core.errors import FailedPrecondition, InvalidArgument
 from simrun_core.identity import priority_value
 from simrun_tracker.executor import RunSpec, TaskSpec
 from simrun_tracker.kubernetes.config import KubernetesSettings
-from simrun_tracker.kubernetes.names import NameError_, check_label_value, quantity_gib
+from simrun_tracker.kubernetes.names import InvalidName, check_label_value, quantity_gib
 from simrun_tracker.kubernetes.render import check_workflow, patch_branches, render_workflow
 
 SETTINGS = KubernetesSettings()
@@ -214,9 +214,9 @@ def test_check_workflow_asserts_what_the_schema_cannot() -> None:
         check_workflow(patched)
     long_label = copy.deepcopy(wf)
     long_label["spec"]["templates"][1]["metadata"]["labels"]["simrun.io/task"] = "x" * 64
-    with pytest.raises(NameError_):
+    with pytest.raises(InvalidName):
         check_workflow(long_label)
-    with pytest.raises(NameError_):
+    with pytest.raises(InvalidName):
         check_label_value("-bad", "a label")
 
 

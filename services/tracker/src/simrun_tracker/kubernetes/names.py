@@ -24,21 +24,21 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 MAX_LABEL = 63
 
 
-class NameError_(ValueError):
+class InvalidName(ValueError):
     """A name or label value Kubernetes would refuse; raised before anything is submitted."""
 
 
 def check_dns_label(name: str, what: str) -> str:
-    """`name` if it is a DNS-1123 label (lowercase alphanumerics and `-`, at most 63), else `NameError_`."""
+    """`name` if it is a DNS-1123 label (lowercase alphanumerics and `-`, at most 63), else `InvalidName`."""
     if len(name) > MAX_LABEL or not _DNS_LABEL.match(name):
-        raise NameError_(f"{what} {name!r} is not a DNS-1123 label (a-z, 0-9, '-', at most {MAX_LABEL})")
+        raise InvalidName(f"{what} {name!r} is not a DNS-1123 label (a-z, 0-9, '-', at most {MAX_LABEL})")
     return name
 
 
 def check_label_value(value: str, what: str) -> str:
-    """`value` if Kubernetes accepts it as a label value (at most 63, alphanumeric ends), else `NameError_`."""
+    """`value` if Kubernetes accepts it as a label value (at most 63, alphanumeric ends), else `InvalidName`."""
     if len(value) > MAX_LABEL or not _LABEL_VALUE.match(value):
-        raise NameError_(f"{what} {value!r} is not a label value (alphanumerics, '-', '_', '.', at most {MAX_LABEL})")
+        raise InvalidName(f"{what} {value!r} is not a label value (alphanumerics, '-', '_', '.', at most {MAX_LABEL})")
     return value
 
 

@@ -35,7 +35,7 @@ from simrun_tracker.kubernetes.names import (
     TASK_ANNOTATION,
     TASK_LABEL,
     WORKER_LABEL,
-    NameError_,
+    InvalidName,
     check_dns_label,
     check_label_value,
     quantity_cores,
@@ -92,7 +92,7 @@ def render_workflow(run: RunSpec, settings: KubernetesSettings) -> Obj:
             volumes=[builders.claim_volume(STORE_VOLUME, settings.store_claim)],
         )
         check_workflow(workflow)
-    except NameError_ as exc:
+    except InvalidName as exc:
         raise InvalidArgument(f"run {run.run_id}: {exc}") from exc
     return workflow
 
@@ -261,7 +261,7 @@ def check_workflow(workflow: Obj) -> None:
     equal to `priorityClassName`; every label value a valid value of at most 63 characters.
 
     Raises:
-        NameError_: a name or label Kubernetes would refuse.
+        InvalidName: a name or label Kubernetes would refuse.
         InvalidArgument: any other broken rule (a bug of the renderer, or an input it cannot express).
     """
     check_dns_label(workflow["metadata"]["name"], "the workflow name")
