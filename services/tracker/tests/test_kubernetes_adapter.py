@@ -262,13 +262,23 @@ def test_nodes_come_from_the_api_and_a_reservation_taints_and_labels_its_node(ma
         time.sleep(0.02)
 
 
-def test_nodes_are_unavailable_until_the_api_answers(api, store) -> None:
+def test_nodes_are_unavailable_until_the_api_answers_then_listed(api, store) -> None:
     api.cluster.fail_next("GET", "/api/v1/nodes", 503, "starting", times=1000)
     settings = KubernetesSettings(backoff_max_s=0.2)
     executor = KubernetesExecutor(settings, store, client=api.client(), sync_timeout_s=0.5)
     try:
         with pytest.raises(Unavailable, match="not listed yet"):
             executor.nodes()
+        with api.cluster.cond:
+            api.cluster.faults.clear()  # the API server is up: the informer, backing off, lists at its next try
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert {n.name for n in executor.nodes()} == {"node-a", "node-b"}
+                break
+            except Unavailable:
+                assert time.monotonic() < deadline, "the informer never listed the nodes"
+                time.sleep(0.05)
     finally:
         executor.close()
 
