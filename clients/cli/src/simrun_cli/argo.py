@@ -14,6 +14,7 @@ from simrun_core.errors import InvalidArgument
 from simrun_core.identity import Priority
 from simrun_core.messages import priority_from_proto
 from simrun_planner import Node
+from simrun_planner.convert import nodes_from_proto
 
 from simrun_cli.options import endpoint_option, token_option
 from simrun_cli.server import load_nodes
@@ -35,18 +36,7 @@ def _model_root(workflow: Path, model: Path | None) -> Path:
 
 def _server_nodes(endpoint: str, token: str | None) -> tuple[list[Node], Priority]:
     with Client(endpoint, client_token(token)) as client:
-        nodes = [
-            Node(
-                name=n.name,
-                cores=n.cores,
-                memory_gb=n.memory_gb,
-                gpus=n.gpus,
-                reserved_by=n.reserved_by or None,
-                allocatable_cores=n.allocatable_cores or float(n.cores),
-                allocatable_memory_gb=n.allocatable_memory_gb or n.memory_gb,
-            )
-            for n in client.nodes()
-        ]
+        nodes = nodes_from_proto(client.nodes())
         identity = client.identity()
     return nodes, priority_from_proto(identity.priority)
 
