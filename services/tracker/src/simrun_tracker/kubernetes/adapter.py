@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -144,7 +145,7 @@ class KubernetesExecutor:
         self.events_seen = 0
         ns = settings.namespace
         selector = ",".join(f"{k}={v}" for k, v in settings.node_selector.items())
-        common = {
+        common: dict[str, Any] = {
             "watch_timeout_s": settings.watch_timeout_s,
             "request_timeout_s": settings.request_timeout_s,
             "backoff_max_s": settings.backoff_max_s,
@@ -293,7 +294,7 @@ class KubernetesExecutor:
             for node in held:
                 self._reserving[node] = None
         for node in held:
-            self._queue(f"release node {node} of run {run_id}", lambda node=node: self._label_node(node, None))
+            self._queue(f"release node {node} of run {run_id}", functools.partial(self._label_node, node, None))
 
     def restore(self, recovery: RunRecovery) -> None:
         """Re-applies a run's record after a restart and adopts its Workflow, rebuilt from the record and the API.
@@ -484,14 +485,14 @@ class KubernetesExecutor:
         from_nodes: dict[tuple[str, str], list[Attempt]] = {}
         exhausted: set[tuple[str, str]] = set()
         for node in (wf_status.get("nodes") or {}).values():
-            worker = _worker_of_node(node)
-            if worker is None:
+            node_worker = _worker_of_node(node)
+            if node_worker is None:
                 continue
             if node.get("type") == "Retry" and node.get("phase") in ("Failed", "Error"):
-                exhausted.add(worker)
-            attempt = attempt_from_node(node)
-            if attempt is not None:
-                from_nodes.setdefault(worker, []).append(attempt)
+                exhausted.add(node_worker)
+            remembered = attempt_from_node(node)
+            if remembered is not None:
+                from_nodes.setdefault(node_worker, []).append(remembered)
         message = run.refused
         if not message and wf_status.get("phase") in ("Failed", "Error") and not run.stopped:
             message = f"the workflow {wf_status.get('phase', '').lower()}: {wf_status.get('message') or 'no message'}"
@@ -566,7 +567,7 @@ class KubernetesExecutor:
     def _live_log(self, obj: Obj, log_name: str, follow: bool) -> Iterator[tuple[str, str]]:
         name = obj["metadata"]["name"]
         try:
-            response = self._core.read_namespaced_pod_log(
+            response: Any = self._core.read_namespaced_pod_log(
                 name,
                 self.settings.namespace,
                 container="main",
@@ -650,7 +651,7 @@ class KubernetesExecutor:
     def _adopt(self, run_id: str) -> None:
         """A Workflow of that name exists: a restarted tracker's run (adopted) or another's (refused)."""
         name = workflow_name(run_id)
-        existing = self._custom.get_namespaced_custom_object(*ARGO[:2], self.settings.namespace, ARGO[2], name)
+        existing: Any = self._custom.get_namespaced_custom_object(*ARGO[:2], self.settings.namespace, ARGO[2], name)
         labels = (existing.get("metadata") or {}).get("labels") or {}
         if labels.get(RUN_LABEL) != run_id:
             self._refuse(run_id, f"a workflow {name} that is not run {run_id}'s exists in the cluster")
@@ -688,7 +689,8 @@ class KubernetesExecutor:
     def _label_node(self, node: str, run_id: str | None) -> None:
         """Reserves (`run_id`) or releases (None) a node: its taint and label, read-modify-write by resourceVersion."""
         for _ in range(10):
-            obj = json.loads(self._core.read_node(node, _preload_content=False).data)
+            answer: Any = self._core.read_node(node, _preload_content=False)
+            obj = json.loads(answer.data)
             meta = obj["metadata"]
             taints = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("key") != RESERVED]
             if run_id is not None:
@@ -718,7 +720,7 @@ class KubernetesExecutor:
         if path.exists():
             return
         try:
-            response = self._core.read_namespaced_pod_log(
+            response: Any = self._core.read_namespaced_pod_log(
                 meta["name"], self.settings.namespace, container="main", _preload_content=False
             )
         except Exception as exc:

@@ -67,7 +67,7 @@ def attempt_from_pod(pod: Mapping[str, Any], deleted: bool = False) -> Attempt:
     key = (meta.get("annotations") or {}).get(NODE_NAME_ANNOTATION) or meta.get("name", "")
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     preempted = any(conditions.get(t, {}).get("status") == "True" for t in PREEMPTION_CONDITIONS)
-    main = next((c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {})
+    main: Mapping[str, Any] = next((c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER), {})
     state = main.get("state") or {}
     terminated = state.get("terminated") or (main.get("lastState") or {}).get("terminated")
     started = "running" in state or bool(terminated) or bool(main.get("started"))
@@ -243,10 +243,10 @@ def worker_status(spec: PodSpec, attempts: list[Attempt], context: WorkerContext
             kills = [*forgotten, *kills]
             memory = spec.retry_memory_gb
             if len(kills) >= 2 and failure is None:
-                last = kills[-1]
+                second = kills[-1]
                 failure = (
-                    f"killed for memory twice; the retry had {gib(last.memory_gb)} GiB "
-                    f"({gib(last.per_worker_gb)} GiB per process)"
+                    f"killed for memory twice; the retry had {gib(second.memory_gb)} GiB "
+                    f"({gib(second.per_worker_gb)} GiB per process)"
                 )
         status.attempts = max(status.attempts, history.attempts)
     status.memory_kills = kills
