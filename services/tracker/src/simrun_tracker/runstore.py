@@ -69,9 +69,14 @@ class RunStore:
         self._publish(record)
         return record.model_copy(deep=True)
 
-    def save(self, record: RunRecord) -> None:
-        """Writes a run's record and its index row, then publishes it to readers and watchers."""
-        record.save(self.layout.run(record.run_id))
+    def save(self, record: RunRecord, *, durable: bool | None = None) -> None:
+        """Writes a run's record and its index row, then publishes it to readers and watchers.
+
+        A final state, a new run and a request (cancellation) are written durably; the driver's intermediate
+        steps are not fsynced: each step is level-triggered, so one lost to a power cut is taken again from what
+        the executor observes.
+        """
+        record.save(self.layout.run(record.run_id), durable=record.state.final if durable is None else durable)
         summaries = task_summaries(self.layout, record) if record.state.final else {}
         self.index.put(row_from_record(record, summaries))
         self._publish(record)
