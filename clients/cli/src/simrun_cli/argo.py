@@ -2,39 +2,42 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import yaml
-from simrun_client.client import Client
-from simrun_core.config import ServerConfig, client_token
-from simrun_core.errors import InvalidArgument
-from simrun_core.identity import Priority
-from simrun_core.messages import priority_from_proto
-from simrun_planner import Node
-from simrun_planner.convert import nodes_from_proto
 
 from simrun_cli.options import endpoint_option, token_option
-from simrun_cli.server import load_nodes
+
+if TYPE_CHECKING:
+    from simrun_core.identity import Priority
+    from simrun_planner import Node
+
+PRIORITIES = ["owner", "standard", "agent"]
+"""`simrun_core.identity.Priority`'s values (the command loads no more than click until it runs)."""
 
 
 def _model_root(workflow: Path, model: Path | None) -> Path:
+    """The model as a submission finds it: --model, else the innermost `pyproject.toml` folder, else the tree's top.
+
+    Raises:
+        InvalidArgument: the workflow is not in a git working tree (and no --model).
+    """
+    from simrun_client.client import git_toplevel
+
+    from simrun_cli.main import default_model
+
     if model is not None:
         return model.resolve()
-    done = subprocess.run(
-        ["git", "-C", str(workflow.resolve().parent), "rev-parse", "--show-toplevel"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise InvalidArgument(f"{workflow} is not in a git working tree: pass --model with the model's tree")
-    return Path(done.stdout.strip())
+    return default_model(workflow) or git_toplevel(workflow.resolve().parent)
 
 
 def _server_nodes(endpoint: str, token: str | None) -> tuple[list[Node], Priority]:
+    from simrun_client.client import Client
+    from simrun_core.config import client_token
+    from simrun_core.messages import priority_from_proto
+    from simrun_planner.convert import nodes_from_proto
+
     with Client(endpoint, client_token(token)) as client:
         nodes = nodes_from_proto(client.nodes())
         identity = client.identity()
@@ -68,7 +71,7 @@ def _server_nodes(endpoint: str, token: str | None) -> tuple[list[Node], Priorit
 )
 @click.option(
     "--priority",
-    type=click.Choice([p.value for p in Priority]),
+    type=click.Choice(PRIORITIES),
     help="The run's priority with --nodes; default: standard (with the server: the token's identity's).",
 )
 @click.option("--single-server", is_flag=True, help="Place each split task's pod on one server.")
@@ -90,7 +93,14 @@ def render_command(
     The run is planned as a submission plans it: its types described from the model's working tree, each task's
     resources from its type's hint, on the nodes of --nodes (or the server's).
     """
+    import sys
+
+    import yaml
+    from simrun_core.config import ServerConfig
+    from simrun_core.errors import InvalidArgument
+    from simrun_core.identity import Priority
     from simrun_core.resources import SplitMode
+    from simrun_planner import Node
     from simrun_tracker.describer import SubprocessDescriber
     from simrun_tracker.kubernetes.config import KubernetesSettings
     from simrun_tracker.kubernetes.preview import preview_workflow
@@ -103,6 +113,8 @@ def render_command(
     if not image:
         raise InvalidArgument("no image to render with: pass --image REPO@sha256:… (the run's environment image)")
     if nodes_file is not None:
+        from simrun_cli.server import load_nodes
+
         nodes = [Node(n.name, n.cores, n.memory_gb, n.gpus) for n in load_nodes(nodes_file)]
         run_priority = Priority(priority or Priority.STANDARD.value)
     else:

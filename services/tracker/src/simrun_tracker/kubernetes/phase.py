@@ -193,7 +193,7 @@ def worker_status(spec: PodSpec, attempts: list[Attempt], context: WorkerContext
         status.exit_code = attempt.exit_code
         ran_with = attempt.memory_gb if attempt.memory_gb is not None else memory
         retried = ran_with > spec.memory_gb + 1e-9
-        per_worker = ran_with / max(spec.processes_after(retried), 1)
+        per_worker = spec.per_process_gb(ran_with, spec.processes_after(retried))
         evidence = "oomkilled" if attempt.oom_killed else "cgroup" if attempt.cgroup_kills else None
         if evidence is not None:
             kills.append(MemoryKill(ran_with, per_worker, evidence))
