@@ -172,7 +172,7 @@ class RunTracker:
                 **({"mode": submission.mode.value} if submission.mode else {}),
             },
             identity=record_identity(identity),
-            tasks=_task_records(workflow, planned, submission.mode),
+            tasks=task_records(workflow, planned, submission.mode),
             snapshots=submission.snapshots,
             environment=environment.environment_id,
             reservation=reserve,
@@ -219,7 +219,7 @@ class RunTracker:
         mode = _recorded_mode(record)
         environment = self.environments.get(record.environment or "")
         planned = self._plan(workflow, record.snapshots, record.identity, mode, record.run_id, None, environment)
-        record.tasks = _task_records(workflow, planned, mode, record.tasks)
+        record.tasks = task_records(workflow, planned, mode, record.tasks)
 
     def estimate(
         self, workflow_text: str, snapshots: list[SnapshotRef], identity: Identity, mode: SplitMode | None
@@ -331,7 +331,7 @@ def _recorded_mode(record: RunRecord) -> SplitMode | None:
     return SplitMode(mode) if mode else None
 
 
-def _task_records(
+def task_records(
     workflow: Workflow,
     planned: list[PlannedTask] | None,
     mode: SplitMode | None,

@@ -22,7 +22,7 @@ from simrun_tracker.kubernetes.config import KubernetesSettings
 from simrun_tracker.kubernetes.render import render_workflow
 from simrun_tracker.pods import run_spec
 from simrun_tracker.submission import describe_tasks, plan_tasks, reserving
-from simrun_tracker.tracker import _task_records, new_run_id
+from simrun_tracker.tracker import new_run_id, task_records
 
 
 class HintLearner:
@@ -78,7 +78,7 @@ def preview_workflow(
         run_id=run_id,
         identity=Identity(name="render", kind="person", priority=priority.value),
         state=RunState.QUEUED,
-        tasks=_task_records(workflow, planned, mode),
+        tasks=task_records(workflow, planned, mode),
         environment="render",
         reservation=workflow.spec.reserve,
     )
