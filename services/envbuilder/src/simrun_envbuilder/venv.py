@@ -1,0 +1,232 @@
+"""Local environments: a venv per environment built once from its lock, and a per-run overlay of the snapshots.
+
+A venv shared by runs of different code cannot hold editable installs (their `.pth` and dist-info name one
+snapshot), so each run gets an overlay: a small venv whose `.pth` adds the shared venv's site-packages with
+`site.addsitedir` (so the shared venv's own `.pth` files apply), and the run's snapshots installed editable into it
+offline, without build isolation (the backends are in the shared venv). Both are built under a file lock and marked
+ready by a file written last: concurrent requests build once, a half-built one is removed and built again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from simrun_envbuilder.lock import UvSettings, reason
+from simrun_envbuilder.pythons import Interpreter
+
+READY = "ready"
+LOG_TAIL_LINES = 20
+
+Progress = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """A step of a build failed; the message names the step and quotes the tool's reason."""
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive `flock` on `path` (made if missing): one builder per environment across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def is_ready(folder: Path) -> bool:
+    return (folder / READY).is_file()
+
+
+def mark_ready(folder: Path) -> None:
+    temp = folder / f".{READY}.{os.getpid()}"
+    temp.write_text(f"{time.time()}\n")
+    os.replace(temp, folder / READY)
+
+
+def remove(folder: Path) -> None:
+    """Removes a folder (a half-built or expired environment); unmarks it first so no reader takes it as ready."""
+    with contextlib.suppress(FileNotFoundError):
+        (folder / READY).unlink()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def python_of(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted((venv / "lib").glob("python3*/site-packages"))
+    if not found:
+        raise BuildError(f"{venv} has no site-packages")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class VenvBuild:
+    """The steps of building a shared venv from a lock project (pyproject.toml, uv.lock, the runtime wheel)."""
+
+    uv: UvSettings
+    interpreter: Interpreter
+    project: Path
+    venv: Path
+    runtime_wheel: Path
+    log: Path
+
+    def run(self, progress: Progress) -> None:
+        """Creates the venv, installs the locked third-party packages, then simrun-runtime last.
+
+        Raises:
+            BuildError: a step failed, with uv's reason and the log's tail.
+        """
+        progress(f"creating a venv with Python {'.'.join(map(str, self.interpreter.version))}")
+        self._uv(["venv", "--quiet", "--python", self.interpreter.path, str(self.venv)], "uv venv", progress)
+        progress("installing the locked packages")
+        self._uv(
+            [
+                "sync",
+                "--frozen",
+                "--no-install-local",
+                "--no-install-package",
+                "simrun-runtime",
+                *self.uv.index_args(),
+            ],
+            "uv sync",
+            progress,
+            env={"UV_PROJECT_ENVIRONMENT": str(self.venv)},
+            cwd=self.project,
+        )
+        progress("installing simrun-runtime")
+        self._uv(
+            [
+                "pip",
+                "install",
+                "--python",
+                str(python_of(self.venv)),
+                "--no-deps",
+                "--offline",
+                str(self.runtime_wheel),
+            ],
+            "installing simrun-runtime",
+            progress,
+        )
+
+    def _uv(
+        self,
+        args: list[str],
+        step: str,
+        progress: Progress,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        run_logged(
+            [*self.uv.command, *args],
+            step,
+            self.log,
+            progress,
+            {**self.uv.env(self.interpreter), **(env or {})},
+            cwd,
+            self.uv.timeout_s,
+        )
+
+
+def run_logged(
+    command: list[str],
+    step: str,
+    log: Path,
+    progress: Progress,
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout_s: float = 900.0,
+) -> None:
+    """Runs one step of a build with its output appended to the build's log, each line also sent to `progress`."""
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        try:
+            proc = subprocess.Popen(
+                command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        except OSError as exc:
+            raise BuildError(f"{step} could not start: {exc}") from exc
+        lines: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        with proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                lines.append(line.rstrip())
+                if line.strip():
+                    progress(line.rstrip())
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    break
+            code = proc.wait()
+    if code != 0:
+        raise BuildError(f"{step} failed (exit {code}): {reason(chr(10).join(lines))}\nlog tail:\n{tail(log)}")
+
+
+def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def compile_bytecode(venv: Path, log: Path) -> bool:
+    """Compiles the venv's site-packages to bytecode, so pods do not compile what they import; True if it did.
+
+    Runs after the venv is marked ready: `py_compile` replaces each `.pyc` atomically, so a pod importing at the
+    same time reads a whole file or none.
+    """
+    with log.open("a") as out:
+        code = subprocess.run(
+            [str(python_of(venv)), "-m", "compileall", "-q", "-j", "0", str(site_packages(venv))],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        ).returncode
+    return code == 0
+
+
+def make_overlay(
+    uv: UvSettings, base_python: str, base_venv: Path, overlay: Path, editables: list[Path], log: Path
+) -> Path:
+    """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter.
+
+    Raises:
+        BuildError: the venv or an editable install failed, with uv's reason.
+    """
+    env = uv.env()
+    quiet: Progress = lambda line: None  # noqa: E731 - an overlay's steps are in its log only
+    run_logged([*uv.command, "venv", "--quiet", "--python", base_python, str(overlay)], "uv venv", log, quiet, env)
+    shared = site_packages(base_venv)
+    (site_packages(overlay) / "_simrun_environment.pth").write_text(f"import site; site.addsitedir({str(shared)!r})\n")
+    if editables:
+        args = [*uv.command, "pip", "install", "--python", str(python_of(overlay))]
+        args += ["--offline", "--no-deps", "--no-build-isolation", "--no-config"]
+        for path in editables:
+            args += ["-e", str(path)]
+        run_logged(args, "installing the run's snapshots", log, quiet, env)
+    return python_of(overlay)
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes a folder takes on disk (blocks), not following symlinks."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in filenames + dirnames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total
