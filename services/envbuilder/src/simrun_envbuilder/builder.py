@@ -34,11 +34,11 @@ from typing import Any
 
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_runtime.layout import StoreLayout
-from simrun_runtime.record import RunRecord, SnapshotRef
+from simrun_runtime.record import SnapshotRef
 
 from simrun_envbuilder import pythons
 from simrun_envbuilder.inputs import ModelInputs, read_inputs
-from simrun_envbuilder.lock import UvSettings, run_lock, write_project
+from simrun_envbuilder.lock import UvSettings, default_uv_command, run_lock, write_project
 from simrun_envbuilder.system import check_packages
 from simrun_envbuilder.venv import (
     BuildError,
@@ -335,10 +335,11 @@ class EnvironmentBuilder:
 
     def _run_snapshots(self, run_id: str) -> list[SnapshotRef]:
         try:
-            record = RunRecord.model_validate_json(self.store.run(run_id).record.read_text())
+            data = json.loads(self.store.run(run_id).record.read_text())
         except FileNotFoundError:
             raise NotFound(f"no run {run_id!r} in the store") from None
-        return list(record.snapshots)
+        # Only the snapshots are read, so a record written by a newer tracker still gives them.
+        return [SnapshotRef.model_validate(s) for s in data.get("snapshots", [])]
 
     # removing old environments
 
