@@ -40,6 +40,23 @@ class ServiceAddresses(BaseModel):
     learner: str = ""
     snapshot: str = ""
     tracker: str = ""
+    envbuilder: str = ""
+
+
+class EnvironmentsConfig(BaseModel):
+    """The environment builder: where its venvs live (local disk), which index uv locks against, when old ones go."""
+
+    model_config = ConfigDict(extra="forbid")
+    root: Path | None = Field(default=None, description="None: <home>/environments; never on NFS.")
+    index_url: str = Field(default="", description="The package index uv locks against; empty: uv's default (PyPI).")
+    find_links: list[str] = Field(default_factory=list, description="Folders or pages of wheels uv also uses.")
+    no_index: bool = Field(default=False, description="Use only find_links, no index.")
+    constraints: Path | None = Field(default=None, description="Constraints file for build backends; None: built in.")
+    interpreters: list[str] = Field(default_factory=list, description="Pythons to use besides those found here.")
+    uv_cache_dir: Path | None = Field(default=None, description="uv's cache; None: uv's default.")
+    max_age_days: float = Field(default=30.0, gt=0, description="An environment unused this long is removed.")
+    max_total_gb: float = Field(default=50.0, gt=0, description="Beyond this, least recently used ones go, GiB.")
+    compile_bytecode: bool = Field(default=True, description="Compile each new venv to bytecode once it is ready.")
 
 
 class ServerConfig(BaseModel):
@@ -56,6 +73,7 @@ class ServerConfig(BaseModel):
     )
     poll_s: float = Field(default=0.1, gt=0, description="Seconds between two passes of the local scheduler.")
     services: ServiceAddresses = Field(default_factory=ServiceAddresses)
+    environments: EnvironmentsConfig = Field(default_factory=EnvironmentsConfig)
     service_token: str = Field(default="", description="Token a service sends another (tracker to learner).")
     grace_s: float = Field(default=10.0, gt=0, description="Seconds a stopped pod has before SIGKILL.")
     merge_wait_s: float = Field(default=120.0, ge=0, description="Seconds to await the merge marker.")
