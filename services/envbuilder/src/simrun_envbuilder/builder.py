@@ -39,6 +39,7 @@ from simrun_runtime.record import SnapshotRef
 from simrun_envbuilder import pythons
 from simrun_envbuilder.inputs import ModelInputs, read_inputs
 from simrun_envbuilder.lock import UvSettings, default_uv_command, run_lock, write_project
+from simrun_envbuilder.overlays import Overlays
 from simrun_envbuilder.system import check_packages
 from simrun_envbuilder.venv import (
     BuildError,
@@ -47,7 +48,6 @@ from simrun_envbuilder.venv import (
     file_lock,
     folder_size,
     is_ready,
-    make_overlay,
     mark_ready,
     python_of,
     remove,
@@ -162,6 +162,7 @@ class EnvironmentBuilder:
         ]
         self._runtime_version = runtime_version()
         self._runtime_wheel = write_runtime_wheel(self.root / "runtime")
+        self.overlays = Overlays(self.root / "overlays", self.store, settings.uv)
         self._lock = threading.Lock()
         self._builds: dict[str, _Build] = {}
         self._threads: list[threading.Thread] = []
@@ -254,7 +255,9 @@ class EnvironmentBuilder:
                 time.sleep(poll_s)
 
     def lock_of(self, environment_id: str) -> bytes:
-        """The `uv.lock` of an environment, which a run keeps as its `environment.lock`."""
+        """The `uv.lock` of an environment, which a run keeps as its `environment.lock`; empty for the default."""
+        if environment_id == DEFAULT_ENVIRONMENT:
+            return b""
         meta = _read_json(self._env(environment_id) / "environment.json") or _read_json(
             self.root / "failed" / f"{environment_id}.json"
         )
@@ -285,7 +288,7 @@ class EnvironmentBuilder:
             self.write_run_lock(run_id, environment_id)
         if not snapshots:
             return environment.interpreter
-        return str(self._overlay(environment, snapshots, run_id))
+        return str(self.overlays.interpreter(environment.environment_id, environment.interpreter, snapshots, run_id))
 
     def write_run_lock(self, run_id: str, environment_id: str) -> None:
         """Writes `runs/<id>/environment.lock`, the run's copy of its environment's lock, once."""
@@ -298,40 +301,6 @@ class EnvironmentBuilder:
         temp = target.with_name(f".{target.name}.{uuid.uuid4().hex}")
         temp.write_bytes(self.lock_of(environment_id))
         os.replace(temp, target)
-
-    def _overlay(self, environment: Environment, snapshots: list[SnapshotRef], run_id: str | None) -> Path:
-        key = hashlib.sha256(
-            json.dumps([environment.environment_id, [(s.name, s.snapshot_id) for s in snapshots]]).encode()
-        ).hexdigest()[:32]
-        folder = self.root / "overlays" / key
-        venv = folder / "venv"
-        if not is_ready(folder):
-            with file_lock(self.root / "overlays" / f"{key}.lock"):
-                if not is_ready(folder):
-                    remove(folder)
-                    folder.mkdir(parents=True)
-                    (folder / "environment").write_text(environment.environment_id + "\n")
-                    inputs = read_inputs(self.store, snapshots)
-                    editables = [s.root for s in inputs.sources if s.project_name] if inputs is not None else []
-                    try:
-                        make_overlay(
-                            self.settings.uv,
-                            _base_python(environment),
-                            Path(environment.interpreter).parent.parent,
-                            venv,
-                            editables,
-                            folder / "overlay.log",
-                        )
-                    except BuildError as exc:
-                        remove(folder)
-                        raise FailedPrecondition(f"the overlay of the run's snapshots failed: {exc}") from None
-                    mark_ready(folder)
-        runs = folder / "runs"
-        runs.mkdir(exist_ok=True)
-        if run_id is not None:
-            (runs / run_id).touch()
-        os.utime(folder / "environment")
-        return python_of(venv)
 
     def _run_snapshots(self, run_id: str) -> list[SnapshotRef]:
         try:
@@ -562,20 +531,6 @@ class EnvironmentBuilder:
             python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
             interpreter=sys.executable,
         )
-
-
-def _base_python(environment: Environment) -> str:
-    """The interpreter an environment's venv was made from (its `pyvenv.cfg` home), for the overlays on it."""
-    venv = Path(environment.interpreter).parent.parent
-    with contextlib.suppress(FileNotFoundError):
-        for line in (venv / "pyvenv.cfg").read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home":
-                for name in (f"python{environment.python_version}", "python3", "python"):
-                    candidate = Path(value.strip()) / name
-                    if candidate.exists():
-                        return str(candidate)
-    return environment.interpreter
 
 
 def _copy_project(source: Path, dest: Path) -> None:

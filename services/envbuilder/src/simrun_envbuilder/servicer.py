@@ -31,7 +31,8 @@ class EnvironmentBuilderServicer(envbuilder_pb2_grpc.EnvironmentBuilderServiceSe
         self, request: envbuilder_pb2.GetEnvironmentRequest, context: grpc.ServicerContext
     ) -> envbuilder_pb2.GetEnvironmentResponse:
         environment = self._builder.get(request.environment_id)
-        return envbuilder_pb2.GetEnvironmentResponse(environment=convert.environment_to_proto(environment))
+        lock = self._builder.lock_of(environment.environment_id).decode() if request.include_lock else ""
+        return envbuilder_pb2.GetEnvironmentResponse(environment=convert.environment_to_proto(environment), lock=lock)
 
     def ListEnvironments(
         self, request: envbuilder_pb2.ListEnvironmentsRequest, context: grpc.ServicerContext

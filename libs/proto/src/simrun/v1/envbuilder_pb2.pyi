@@ -78,16 +78,20 @@ class GetEnvironmentRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_LOCK_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.str
     """Its id."""
+    include_lock: _builtins.bool
+    """Also return its uv.lock (a run keeps it as its environment.lock)."""
     def __init__(
         self,
         *,
         environment_id: _builtins.str = ...,
+        include_lock: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "include_lock", b"include_lock"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -100,6 +104,9 @@ class GetEnvironmentResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    LOCK_FIELD_NUMBER: _builtins.int
+    lock: _builtins.str
+    """Its uv.lock, when asked for; empty for the default environment."""
     @_builtins.property
     def environment(self) -> _common_pb2.Environment:
         """The environment."""
@@ -108,10 +115,11 @@ class GetEnvironmentResponse(_message.Message):
         self,
         *,
         environment: _common_pb2.Environment | None = ...,
+        lock: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "lock", b"lock"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,87 @@
+"""Per-run overlays on a shared venv: the run's snapshots installed editable, so runs of different code that
+share one environment never see each other's code.
+
+An overlay is keyed by its environment and its snapshots (two runs of the same snapshots share one); `runs/<id>`
+in it names the runs that use it, so old environments are never removed under a live run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from simrun_core.errors import FailedPrecondition
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import SnapshotRef
+
+from simrun_envbuilder.inputs import read_inputs
+from simrun_envbuilder.lock import UvSettings
+from simrun_envbuilder.venv import BuildError, file_lock, is_ready, make_overlay, mark_ready, python_of, remove
+
+
+class Overlays:
+    """The overlays of one machine, in `root/<key>/`."""
+
+    def __init__(self, root: Path, store: StoreLayout, uv: UvSettings) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.store = store
+        self.uv = uv
+
+    def interpreter(
+        self, environment_id: str, shared_python: str, snapshots: list[SnapshotRef], run_id: str | None = None
+    ) -> Path:
+        """The interpreter of the overlay of `snapshots` on the venv of `shared_python`, built once.
+
+        Raises:
+            FailedPrecondition: an editable install failed (e.g. a backend the environment lacks), with uv's reason.
+        """
+        key = hashlib.sha256(
+            json.dumps([environment_id, [(s.name, s.snapshot_id) for s in snapshots]]).encode()
+        ).hexdigest()[:32]
+        folder = self.root / key
+        if not is_ready(folder):
+            with file_lock(self.root / f"{key}.lock"):
+                if not is_ready(folder):
+                    self._build(folder, environment_id, Path(shared_python), snapshots)
+        runs = folder / "runs"
+        runs.mkdir(exist_ok=True)
+        if run_id is not None:
+            (runs / run_id).touch()
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(folder / "environment")
+        return python_of(folder / "venv")
+
+    def _build(self, folder: Path, environment_id: str, shared_python: Path, snapshots: list[SnapshotRef]) -> None:
+        remove(folder)
+        folder.mkdir(parents=True)
+        (folder / "environment").write_text(environment_id + "\n")
+        inputs = read_inputs(self.store, snapshots)
+        editables = [s.root for s in inputs.sources if s.project_name] if inputs is not None else []
+        venv = shared_python.parent.parent
+        try:
+            make_overlay(self.uv, _base_python(venv), venv, folder / "venv", editables, folder / "overlay.log")
+        except BuildError as exc:
+            remove(folder)
+            raise FailedPrecondition(f"the overlay of the run's snapshots failed: {exc}") from None
+        mark_ready(folder)
+
+
+def _base_python(venv: Path) -> str:
+    """The interpreter a venv was made from (its `pyvenv.cfg` home and version), for the overlays on it."""
+    home, version = "", ""
+    with contextlib.suppress(FileNotFoundError):
+        for line in (venv / "pyvenv.cfg").read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                home = value.strip()
+            elif key.strip() in ("version_info", "version"):
+                version = ".".join(value.strip().split(".")[:2])
+    for name in (f"python{version}", "python3", "python"):
+        candidate = Path(home) / name
+        if home and candidate.exists():
+            return str(candidate)
+    return str(python_of(venv))
