@@ -17,6 +17,7 @@ from simrun_core.workflow import parse_workflow
 from simrun_snapshot.convert import snapshot_to_proto
 
 from simrun_client.channel import open_channel
+from simrun_client.libraries import library_trees
 from simrun_client.snapshots import SnapshotResult, snapshot_to_store, upload_snapshot
 
 T = TypeVar("T")
@@ -264,7 +265,10 @@ class Client:
             raise InvalidArgument(f"cannot read the workflow {path}: not UTF-8 text") from None
         parse_workflow(text, source=str(path))
         root = Path(model) if model is not None else git_toplevel(path.resolve())
-        return text, [snapshot_to_proto(self.snapshot(root, store=store).snapshot)]
+        snapshots = [snapshot_to_proto(self.snapshot(root, store=store).snapshot)]
+        # The model's libraries (path sources out of its tree) are locked with it: snapshot them too.
+        snapshots += [snapshot_to_proto(self.snapshot(lib, store=store).snapshot) for lib in library_trees(root)]
+        return text, snapshots
 
     def _call(self, method: Callable[..., T], request: Any) -> T:
         try:
