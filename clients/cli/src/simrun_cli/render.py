@@ -112,6 +112,8 @@ def run_header(run: common_pb2.Run) -> Group:
             if part
         )
         lines.append(Text(f"model {model.name} {model.snapshot_id[:12]}" + (f" ({origin})" if origin else "")))
+    if run.environment:
+        lines.append(Text(f"environment {run.environment}"))
     if run.reservation:
         lines.append(Text(f"reserves node {run.reservation}"))
     if run.message:
@@ -270,3 +272,38 @@ class RunProgress:
             if bar is None:
                 bar = self._bars[task.task_id] = self._progress.add_task(task.task_id, total=total, state="")
             self._progress.update(bar, total=total, completed=done, state=state)
+
+
+_ENVIRONMENT_STATES = {
+    common_pb2.ENVIRONMENT_STATE_BUILDING: "building",
+    common_pb2.ENVIRONMENT_STATE_READY: "ready",
+    common_pb2.ENVIRONMENT_STATE_FAILED: "failed",
+}
+
+
+def size(num_bytes: int) -> str:
+    """Bytes as a person reads them: 512 B, 3.2 MiB, 1.4 GiB."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def environments_table(environments: Iterable[common_pb2.Environment]) -> Table:
+    """One row per environment: id, state, Python, packages, size, last used."""
+    table = Table(box=None, pad_edge=False)
+    for column in ("environment", "state", "python", "packages", "size", "last used"):
+        table.add_column(column, no_wrap=True)
+    for env in environments:
+        last = when(env.last_use_time) if env.HasField("last_use_time") else ""
+        table.add_row(
+            env.environment_id,
+            _ENVIRONMENT_STATES.get(env.state, "?"),
+            env.python_version,
+            str(env.package_count),
+            size(env.size_bytes) if env.size_bytes else "",
+            last,
+        )
+    return table
