@@ -25,7 +25,9 @@ def test_a_hatchling_model_from_pypi_builds_and_runs_editable(settings: BuilderS
         assert any(p.startswith("hatchling==1.27.0") for p in environment.packages), "the constraints file pins it"
         assert any(p.startswith("editables==") for p in environment.packages)
         python = builder.interpreter(environment.environment_id, snapshots=[ref])
-        out = subprocess.run([python, "-c", "import hatchmodel; print(hatchmodel.CODE)"], capture_output=True, text=True)
+        out = subprocess.run(
+            [python, "-c", "import hatchmodel; print(hatchmodel.CODE)"], capture_output=True, text=True
+        )
         assert out.stdout.strip() == "from pypi", out.stderr
     finally:
         builder.close()

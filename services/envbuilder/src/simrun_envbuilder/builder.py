@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -37,6 +37,15 @@ from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import SnapshotRef
 
 from simrun_envbuilder import pythons
+from simrun_envbuilder.image import (
+    BuildKit,
+    ImageSettings,
+    RegistryClient,
+    RegistryError,
+    image_tag,
+    render_dockerfile,
+    write_context,
+)
 from simrun_envbuilder.inputs import ModelInputs, read_inputs
 from simrun_envbuilder.lock import UvSettings, default_uv_command, run_lock, write_project
 from simrun_envbuilder.overlays import Overlays
@@ -122,6 +131,12 @@ class BuilderSettings:
     max_age_s: float = 30 * 86400.0
     max_total_bytes: int = 50 * 2**30
     compile_bytecode: bool = True
+    images: ImageSettings | None = None
+    """Build images for a cluster instead of venvs on this machine."""
+
+    @property
+    def kind(self) -> str:
+        return "image" if self.images is not None else "venv"
 
 
 @dataclass
@@ -187,7 +202,8 @@ class EnvironmentBuilder:
             self._runtime_version,
             hashlib.sha256("\n".join(self._constraints).encode()).hexdigest(),
             self.settings.uv.describe(),
-            "venv",
+            self.settings.kind,
+            json.dumps(asdict(self.settings.images), default=str) if self.settings.images else "",
         )
         record = self._inputs_record(digest)
         if record is None:
@@ -371,12 +387,12 @@ class EnvironmentBuilder:
             record = self._inputs_record(digest)
             if record is not None:
                 return record
-            check_packages(inputs.system_packages, installed_here=True)
-            interpreter = pythons.choose(
-                inputs.requires_python,
-                pythons.installed(self.settings.interpreters, list(self.settings.uv.command)),
-                python_version,
-            )
+            images = self.settings.images
+            check_packages(inputs.system_packages, installed_here=images is None)
+            installed = pythons.installed(self.settings.interpreters, list(self.settings.uv.command))
+            if images is not None:  # a Python with a base image, installed here too (uv locks with it)
+                installed = [i for i in installed if i.minor in images.base_images]
+            interpreter = pythons.choose(inputs.requires_python, installed, python_version)
             seed = inputs.model_lock or _read_bytes(self.root / "models" / f"{inputs.model.ref.name}.lock")
             work = self.root / "tmp" / uuid.uuid4().hex
             try:
@@ -387,10 +403,18 @@ class EnvironmentBuilder:
                     os.rename(work, target)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-            environment_id = hashlib.sha256(
-                json.dumps([locked.identity, interpreter.minor, self._runtime_version, "venv"]).encode()
-            ).hexdigest()[:32]
+            dockerfile = ""
+            if images is not None:
+                dockerfile = render_dockerfile(
+                    images, interpreter.minor, inputs.system_packages, locked.uses_git, self._runtime_wheel.name
+                )
+                environment_id = image_tag(locked.identity, interpreter.minor, self._runtime_version, dockerfile)
+            else:
+                environment_id = hashlib.sha256(
+                    json.dumps([locked.identity, interpreter.minor, self._runtime_version, "venv"]).encode()
+                ).hexdigest()[:32]
             record = {
+                "dockerfile": dockerfile,
                 "environment_id": environment_id,
                 "lock_sha256": locked.lock_sha256,
                 "inputs_digest": digest,
@@ -452,6 +476,13 @@ class EnvironmentBuilder:
                 }
                 _write_json(folder / "environment.json", meta)
                 build.add(f"building environment {environment_id} ({len(record['packages'])} packages)")
+                if self.settings.images is not None:
+                    meta["image"] = self._build_image(environment_id, record, folder, build)
+                    meta["interpreter_path"] = ""
+                    _write_json(folder / "environment.json", meta)
+                    mark_ready(folder)
+                    build.add(f"ready in {time.monotonic() - started:.1f} s: {meta['image']}")
+                    return
                 wheel = next(project.glob("simrun_runtime-*.whl"))
                 interpreter = pythons.Interpreter(_version_of(record), record["interpreter"])
                 VenvBuild(self.settings.uv, interpreter, project, folder / "venv", wheel, folder / "build.log").run(
@@ -475,7 +506,25 @@ class EnvironmentBuilder:
         finally:
             (self.root / "envs" / f"{environment_id}.pending").unlink(missing_ok=True)
             build.finish()
-        self._after_build(environment_id, folder)
+        if self.settings.images is None:
+            self._after_build(environment_id, folder)
+
+    def _build_image(self, environment_id: str, record: dict[str, Any], folder: Path, build: _Build) -> str:
+        """The image of an environment by digest: the registry's when it has it, else built with BuildKit."""
+        images = self.settings.images
+        assert images is not None
+        context = folder / "context"
+        write_context(context, record["dockerfile"], folder / "project", images)
+        name = f"{images.registry}/{images.repository}"
+        build.add(f"asking the registry for {name}:{environment_id}")
+        try:
+            digest = RegistryClient(images).digest(images.repository, environment_id)
+        except RegistryError as exc:
+            raise BuildError(f"the registry did not say whether it has the image: {exc}") from None
+        if digest is None:
+            build.add("the registry lacks it: building the image with BuildKit")
+            digest = BuildKit(images).build(context, f"{name}:{environment_id}", folder / "build.log", build.add)
+        return f"{name}@{digest}"
 
     def _after_build(self, environment_id: str, folder: Path) -> None:
         """Compiles bytecode once the venv is usable, records its size, then removes old environments."""
@@ -514,6 +563,7 @@ class EnvironmentBuilder:
             lock_sha256=meta.get("lock_sha256", ""),
             inputs_digest=meta.get("inputs_digest", ""),
             interpreter=meta.get("interpreter_path", "") if state is EnvironmentState.READY else "",
+            image=meta.get("image", "") if state is EnvironmentState.READY else "",
             message=message,
             create_time=datetime.fromisoformat(meta["create_time"]) if meta.get("create_time") else None,
             last_use_time=datetime.fromtimestamp(_mtime(folder / "last_use", 0), UTC)
