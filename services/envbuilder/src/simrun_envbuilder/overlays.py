@@ -63,25 +63,8 @@ class Overlays:
         editables = [s.root for s in inputs.sources if s.project_name] if inputs is not None else []
         venv = shared_python.parent.parent
         try:
-            make_overlay(self.uv, _base_python(venv), venv, folder / "venv", editables, folder / "overlay.log")
+            make_overlay(self.uv, venv, folder / "venv", editables, folder / "overlay.log")
         except BuildError as exc:
             remove(folder)
             raise FailedPrecondition(f"the overlay of the run's snapshots failed: {exc}") from None
         mark_ready(folder)
-
-
-def _base_python(venv: Path) -> str:
-    """The interpreter a venv was made from (its `pyvenv.cfg` home and version), for the overlays on it."""
-    home, version = "", ""
-    with contextlib.suppress(FileNotFoundError):
-        for line in (venv / "pyvenv.cfg").read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home":
-                home = value.strip()
-            elif key.strip() in ("version_info", "version"):
-                version = ".".join(value.strip().split(".")[:2])
-    for name in (f"python{version}", "python3", "python"):
-        candidate = Path(home) / name
-        if home and candidate.exists():
-            return str(candidate)
-    return str(python_of(venv))

@@ -200,9 +200,7 @@ def compile_bytecode(venv: Path, log: Path) -> bool:
     return code == 0
 
 
-def make_overlay(
-    uv: UvSettings, base_python: str, base_venv: Path, overlay: Path, editables: list[Path], log: Path
-) -> Path:
+def make_overlay(uv: UvSettings, base_venv: Path, overlay: Path, editables: list[Path], log: Path) -> Path:
     """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter.
 
     Raises:
@@ -210,7 +208,7 @@ def make_overlay(
     """
     env = uv.env()
     quiet: Progress = lambda line: None  # noqa: E731 - an overlay's steps are in its log only
-    run_logged([*uv.command, "venv", "--quiet", "--python", base_python, str(overlay)], "uv venv", log, quiet, env)
+    _bare_venv(base_venv, overlay)
     shared = site_packages(base_venv)
     (site_packages(overlay) / "_simrun_environment.pth").write_text(f"import site; site.addsitedir({str(shared)!r})\n")
     if editables:
@@ -220,6 +218,21 @@ def make_overlay(
             args += ["-e", str(path)]
         run_logged(args, "installing the run's snapshots", log, quiet, env)
     return python_of(overlay)
+
+
+def _bare_venv(base_venv: Path, overlay: Path) -> None:
+    """A venv without pip or scripts made by hand (what `uv venv` makes, in a millisecond instead of a process):
+    the shared venv's `pyvenv.cfg`, `bin/python` naming the same base interpreter, an empty site-packages."""
+    config = (base_venv / "pyvenv.cfg").read_text()
+    base = Path(os.path.realpath(python_of(base_venv)))
+    lib = site_packages(base_venv).relative_to(base_venv)
+    (overlay / lib).mkdir(parents=True)
+    (overlay / "bin").mkdir()
+    (overlay / "pyvenv.cfg").write_text(config)
+    for name in ("python", "python3", lib.parent.name):
+        (overlay / "bin" / name).symlink_to(base)
+    if (base_venv / "lib64").is_symlink():
+        (overlay / "lib64").symlink_to("lib")
 
 
 def folder_size(folder: Path) -> int:
