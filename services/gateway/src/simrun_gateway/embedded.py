@@ -118,7 +118,7 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
         environments = EnvironmentBuilder(settings_from_config(config))
         registrations.append(register_environments(environments))
     if "tracker" not in remote:
-        tracker = build_tracker(config, store, learner)
+        tracker = build_tracker(config, store, learner, environments)
         closers.append(tracker.close)
         registrations.append(
             lambda s: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(RunTrackerServicer(tracker), s)

@@ -43,19 +43,11 @@ _PROTO_STATES = {
 assert DEFAULT_ENVIRONMENT == domain.DEFAULT_ENVIRONMENT
 
 
-def building_message(environment_id: str, step: str) -> str:
-    """What a run says while its environment builds: the environment and the build's last step."""
-    return f"building environment {environment_id[:12]}: {step}" if step else f"building environment {environment_id}"
-
-
 def _from_domain(environment: domain.Environment) -> Environment:
-    message = environment.message
-    if environment.state is domain.EnvironmentState.BUILDING:
-        message = building_message(environment.environment_id, message)
     return Environment(
         environment_id=environment.environment_id,
         state=_STATES[environment.state],
-        message=message,
+        message=environment.message,
         python_version=environment.python_version,
         image=environment.image,
         lock_hash=environment.lock_sha256,
@@ -75,8 +67,9 @@ def _write_run_lock(store: StoreLayout, run_id: str, lock: bytes) -> None:
 class InProcessEnvironments:
     """Calls the environment builder's domain directly: the embedded server's environment port."""
 
-    def __init__(self, builder: EnvironmentBuilder) -> None:
+    def __init__(self, builder: EnvironmentBuilder, owned: bool = False) -> None:
         self._builder = builder
+        self._owned = owned
 
     def resolve(self, snapshots: list[SnapshotRef]) -> Environment:
         return _from_domain(self._builder.resolve(snapshots))
@@ -94,7 +87,9 @@ class InProcessEnvironments:
         self._builder.write_run_lock(run_id, environment_id)
 
     def close(self) -> None:
-        """Nothing to release: the builder belongs to whoever made it."""
+        """Closes the builder only when this port made it (a tracker alone); else it belongs to the server."""
+        if self._owned:
+            self._builder.close()
 
 
 class GrpcEnvironments:
@@ -169,14 +164,10 @@ class GrpcEnvironments:
 
     @staticmethod
     def _to_port(message: common_pb2.Environment) -> Environment:
-        state = _PROTO_STATES[message.state]
-        text = message.message
-        if state is EnvironmentState.BUILDING:
-            text = building_message(message.environment_id, text)
         return Environment(
             environment_id=message.environment_id,
-            state=state,
-            message=text,
+            state=_PROTO_STATES[message.state],
+            message=message.message,
             python_version=message.python_version,
             image=message.image,
             lock_hash=message.lock_sha256,

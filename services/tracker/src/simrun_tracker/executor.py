@@ -41,9 +41,11 @@ class PodRole(StrEnum):
     @property
     def module(self) -> str:
         """The runtime module the pod runs with `python -m`."""
-        return {"worker": "simrun_runtime.worker", "execute": "simrun_runtime.execute", "merge": "simrun_runtime.merge"}[
-            self.value
-        ]
+        return {
+            "worker": "simrun_runtime.worker",
+            "execute": "simrun_runtime.execute",
+            "merge": "simrun_runtime.merge",
+        }[self.value]
 
 
 class PodPhase(StrEnum):
