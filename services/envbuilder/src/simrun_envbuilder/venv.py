@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,21 +203,20 @@ def compile_bytecode(venv: Path, log: Path) -> bool:
 
 
 def make_overlay(uv: UvSettings, base_venv: Path, overlay: Path, editables: list[Path], log: Path) -> Path:
-    """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter.
+    """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter: a bare venv, a
+    `.pth` adding the shared site-packages, and the snapshots' editable wheels built by their backends offline.
 
     Raises:
         BuildError: the venv or an editable install failed, with uv's reason.
     """
-    env = uv.env()
-    quiet: Progress = lambda line: None  # noqa: E731 - an overlay's steps are in its log only
     _bare_venv(base_venv, overlay)
     shared = site_packages(base_venv)
     (site_packages(overlay) / "_simrun_environment.pth").write_text(f"import site; site.addsitedir({str(shared)!r})\n")
     if editables:
         wheels = _editable_wheels(python_of(overlay), editables, overlay / ".editables", log)
-        args = [*uv.command, "pip", "install", "--python", str(python_of(overlay))]
-        args += ["--offline", "--no-deps", "--no-config", *map(str, wheels)]
-        run_logged(args, "installing the run's snapshots", log, quiet, env)
+        target = site_packages(overlay)
+        for wheel in wheels:
+            install_wheel(wheel, target)
         shutil.rmtree(overlay / ".editables", ignore_errors=True)
     return python_of(overlay)
 
@@ -263,6 +263,42 @@ def _editable_wheels(python: Path, sources: list[Path], dest: Path, log: Path) -
     if result.returncode != 0 or not lines:
         raise BuildError(f"building the snapshots editable failed: {reason(result.stdout)}")
     return [Path(p) for p in json.loads(lines[-1])]
+
+
+def install_wheel(wheel: Path, site: Path) -> None:
+    """Installs a pure wheel (an editable one: a `.pth`, a finder, its dist-info) into `site`, as an installer
+    would: its purelib and platlib files, its dist-info with INSTALLER and a RECORD of what was written.
+
+    An editable wheel is a few small files; unpacking them here costs milliseconds where an installer process
+    costs a start and an interpreter query per overlay.
+
+    Raises:
+        BuildError: a member that would land outside `site`, or scripts, headers or data the overlay cannot hold.
+    """
+    written: list[str] = []
+    with zipfile.ZipFile(wheel) as archive:
+        dist_info = next(n.split("/")[0] for n in archive.namelist() if n.split("/")[0].endswith(".dist-info"))
+        for member in archive.infolist():
+            if member.is_dir():
+                continue
+            name = member.filename
+            top, _, rest = name.partition("/")
+            if top.endswith(".data"):
+                kind, _, rest = rest.partition("/")
+                if kind not in ("purelib", "platlib"):
+                    continue  # scripts, headers and data: pods run `python -m`, an editable wheel has none to speak of
+                name = rest
+            dest = (site / name).resolve()
+            if site.resolve() not in dest.parents:
+                raise BuildError(f"{wheel.name}: member {member.filename!r} lands outside site-packages")
+            if name.endswith("/RECORD") and name.startswith(dist_info):
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(archive.read(member))
+            written.append(dest.relative_to(site.resolve()).as_posix())
+    (site / dist_info / "INSTALLER").write_text("simrun\n")
+    written.append(f"{dist_info}/INSTALLER")
+    (site / dist_info / "RECORD").write_text("".join(f"{path},,\n" for path in [*written, f"{dist_info}/RECORD"]))
 
 
 def _bare_venv(base_venv: Path, overlay: Path) -> None:
