@@ -43,14 +43,28 @@ class ServiceAddresses(BaseModel):
     envbuilder: str = ""
 
 
+class ImagesConfig(BaseModel):
+    """Where the environment builder pushes images (a cluster): the registry, BuildKit, the base images."""
+
+    model_config = ConfigDict(extra="forbid")
+    registry: str = Field(min_length=1, description="host:port of the registry, e.g. zot.simrun.svc:5000.")
+    repository: str = Field(default="simrun/environments", description="The repository of environments.")
+    base_images: dict[str, str] = Field(description="Base image by digest (name@sha256:...) per Python, e.g. 3.11.")
+    insecure: bool = Field(default=False, description="The registry speaks plain HTTP.")
+    buildkit_addr: str = Field(default="", description="buildkitd's address, e.g. tcp://buildkitd:1234.")
+    ca_bundle: Path | None = Field(default=None, description="A CA bundle the image needs to reach the index.")
+
+
 class EnvironmentsConfig(BaseModel):
     """The environment builder: where its venvs live (local disk), which index uv locks against, when old ones go."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["venv", "server"] = Field(
+    kind: Literal["venv", "image", "server"] = Field(
         default="venv",
-        description="venv: a locked venv per model with a pyproject.toml; server: every run in the server's Python.",
+        description="venv: a locked venv per model with a pyproject.toml; image: an image per lock (images:); "
+        "server: every run in the server's Python.",
     )
+    images: ImagesConfig | None = Field(default=None, description="Required for kind image.")
     root: Path | None = Field(default=None, description="None: <home>/environments; never on NFS.")
     index_url: str = Field(default="", description="The package index uv locks against; empty: uv's default (PyPI).")
     find_links: list[str] = Field(default_factory=list, description="Folders or pages of wheels uv also uses.")

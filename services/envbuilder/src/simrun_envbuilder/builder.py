@@ -298,6 +298,10 @@ class EnvironmentBuilder:
         environment = self.get(environment_id)
         if environment.state is not EnvironmentState.READY:
             raise FailedPrecondition(f"environment {environment_id} is {environment.state.value}, not ready")
+        if not environment.interpreter:
+            raise FailedPrecondition(
+                f"environment {environment_id} is the image {environment.image}: its pods run on a cluster"
+            )
         self._touch(environment_id)
         if run_id is not None:
             snapshots = self._run_snapshots(run_id)

@@ -15,6 +15,7 @@ from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import SnapshotRef
 
 from simrun_envbuilder.builder import BuilderSettings, Environment, EnvironmentState
+from simrun_envbuilder.image import ImageSettings
 from simrun_envbuilder.lock import UvSettings, default_uv_command
 from simrun_envbuilder.model_names import check_snapshot_name
 
@@ -76,6 +77,19 @@ def settings_from_config(config: ServerConfig) -> BuilderSettings:
         find_links=tuple(envs.find_links),
         no_index=envs.no_index,
     )
+    images = None
+    if envs.kind == "image":
+        if envs.images is None:
+            raise InvalidArgument("environments.kind image needs environments.images (registry, base_images)")
+        images = ImageSettings(
+            registry=envs.images.registry,
+            repository=envs.images.repository,
+            base_images=dict(envs.images.base_images),
+            insecure=envs.images.insecure,
+            buildkit_addr=envs.images.buildkit_addr,
+            ca_bundle=envs.images.ca_bundle,
+            index_url=envs.index_url,
+        )
     return BuilderSettings(
         root=Path(envs.root or config.home / "environments"),
         store=config.store,
@@ -85,6 +99,7 @@ def settings_from_config(config: ServerConfig) -> BuilderSettings:
         max_age_s=envs.max_age_days * 86400.0,
         max_total_bytes=int(envs.max_total_gb * 2**30),
         compile_bytecode=envs.compile_bytecode,
+        images=images,
     )
 
 
