@@ -159,5 +159,5 @@ def test_the_montecarlo_example_runs_through_the_builder(start_server, client_fo
     assert final.environment not in ("", "default")
     lock = StoreLayout(server.config.store).run(run.run_id).environment_lock.read_text()
     assert 'name = "numpy"' in lock and 'name = "hatchling"' in lock
-    overlays = server.config.home / "environments" / "overlays"
-    assert list(overlays.glob(f"*/runs/{run.run_id}")), "the run's pods ran in an overlay on its environment"
+    envs = server.config.home / "environments" / "envs"
+    assert list(envs.glob(f"{final.environment}/overlays/*/runs/{run.run_id}")), "the pods ran in the run's overlay"

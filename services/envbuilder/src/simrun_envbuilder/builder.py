@@ -10,7 +10,7 @@ Its folder (on local disk, never NFS) holds:
 | `models/<name>.lock` | the last lock of a model, the seed of its next one |
 | `envs/<id>/` | an environment: `venv/`, `project/`, `environment.json`, `build.log`, `ready` (written last) |
 | `failed/<id>.json` | why the last build of an environment failed |
-| `overlays/<key>/` | the overlay of one set of snapshots on an environment, with `runs/<run id>` of the runs using it |
+| `envs/<id>/overlays/<key>/` | the overlay of one set of snapshots on it, with `runs/<run id>` of the runs using it |
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class EnvironmentBuilder:
         self.settings = settings
         self.root = Path(settings.root)
         self.store = StoreLayout(Path(settings.store))
-        for name in ("inputs", "locks", "models", "envs", "failed", "overlays", "tmp", "runtime"):
+        for name in ("inputs", "locks", "models", "envs", "failed", "tmp", "runtime"):
             (self.root / name).mkdir(parents=True, exist_ok=True)
         self._constraints_path = settings.constraints or _DEFAULT_CONSTRAINTS
         try:
@@ -177,7 +177,7 @@ class EnvironmentBuilder:
         ]
         self._runtime_version = runtime_version()
         self._runtime_wheel = write_runtime_wheel(self.root / "runtime")
-        self.overlays = Overlays(self.root / "overlays", self.store, settings.uv)
+        self.overlays = Overlays(self.store, settings.uv)
         self._lock = threading.Lock()
         self._builds: dict[str, _Build] = {}
         self._threads: list[threading.Thread] = []
@@ -337,7 +337,7 @@ class EnvironmentBuilder:
         one being built; returns the ids of the environments removed."""
         now = time.time() if now is None else now
         in_use: set[str] = set()
-        for folder in (self.root / "overlays").iterdir():
+        for folder in (self.root / "envs").glob("*/overlays/*"):
             if not folder.is_dir():
                 continue
             environment_id = _read_text(folder / "environment")
@@ -349,7 +349,7 @@ class EnvironmentBuilder:
                     in_use.add(environment_id)
                 continue
             remove(folder)
-            (self.root / "overlays" / f"{folder.name}.lock").unlink(missing_ok=True)
+            (folder.parent / f"{folder.name}.lock").unlink(missing_ok=True)
         with self._lock:
             building = {i for i, b in self._builds.items() if not b.done}
         candidates = []

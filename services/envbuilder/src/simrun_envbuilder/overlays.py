@@ -1,8 +1,10 @@
 """Per-run overlays on a shared venv: the run's snapshots installed editable, so runs of different code that
 share one environment never see each other's code.
 
-An overlay is keyed by its environment and its snapshots (two runs of the same snapshots share one); `runs/<id>`
-in it names the runs that use it, so old environments are never removed under a live run.
+An overlay lives in its environment's folder, `envs/<id>/overlays/<key>/`, beside the shared venv (a pod that may
+read only its snapshots, its environment and the system reads it), keyed by its snapshots (two runs of the same
+snapshots share one); `runs/<id>` in it names the runs that use it, so an environment is never removed under a live
+run.
 """
 
 from __future__ import annotations
@@ -23,11 +25,9 @@ from simrun_envbuilder.venv import BuildError, file_lock, is_ready, make_overlay
 
 
 class Overlays:
-    """The overlays of one machine, in `root/<key>/`."""
+    """The overlays of the environments of one machine, each in its environment's folder."""
 
-    def __init__(self, root: Path, store: StoreLayout, uv: UvSettings) -> None:
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+    def __init__(self, store: StoreLayout, uv: UvSettings) -> None:
         self.store = store
         self.uv = uv
 
@@ -42,9 +42,10 @@ class Overlays:
         key = hashlib.sha256(
             json.dumps([environment_id, [(s.name, s.snapshot_id) for s in snapshots]]).encode()
         ).hexdigest()[:32]
-        folder = self.root / key
+        root = overlays_of(Path(shared_python))
+        folder = root / key
         if not is_ready(folder):
-            with file_lock(self.root / f"{key}.lock"):
+            with file_lock(root / f"{key}.lock"):
                 if not is_ready(folder):
                     self._build(folder, environment_id, Path(shared_python), snapshots)
         runs = folder / "runs"
@@ -68,3 +69,8 @@ class Overlays:
             remove(folder)
             raise FailedPrecondition(f"the overlay of the run's snapshots failed: {exc}") from None
         mark_ready(folder)
+
+
+def overlays_of(shared_python: Path) -> Path:
+    """The overlays folder of the environment whose venv's interpreter is `shared_python` (`<env>/venv/bin/python`)."""
+    return shared_python.parent.parent.parent / "overlays"

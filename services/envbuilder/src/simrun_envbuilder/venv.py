@@ -92,12 +92,14 @@ class VenvBuild:
         Raises:
             BuildError: a step failed, with uv's reason and the log's tail.
         """
-        progress(f"creating a venv with Python {'.'.join(map(str, self.interpreter.version))}")
-        self._uv(["venv", "--quiet", "--python", self.interpreter.path, str(self.venv)], "uv venv", progress)
-        progress("installing the locked packages")
+        version = ".".join(map(str, self.interpreter.version))
+        progress(f"installing the locked packages into a venv with Python {version}")
+        # uv sync makes the venv itself (UV_PROJECT_ENVIRONMENT): one process fewer than `uv venv` first.
         self._uv(
             [
                 "sync",
+                "--python",
+                self.interpreter.path,
                 "--frozen",
                 "--no-install-local",
                 "--no-install-package",

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import uuid
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -96,15 +95,14 @@ class GrpcEnvironments:
     """Calls the environment builder service at an address: the environment port of a tracker that runs alone.
 
     The interpreters are still local (a local executor runs on the builder's machine): the overlays of runs are
-    made here on the shared venv the service names, in `overlays_root` (the builder's own `overlays/` when both
-    share a home, so it never removes an environment a live run uses).
+    made here beside the shared venv the service names, in its environment's folder, where the builder sees them
+    and never removes an environment a live run uses.
     """
 
     def __init__(
         self,
         address: str,
         store: StoreLayout,
-        overlays_root: Path,
         uv: UvSettings,
         token: str = "",
         timeout_s: float = 600.0,
@@ -113,7 +111,7 @@ class GrpcEnvironments:
         self._stub = envbuilder_pb2_grpc.EnvironmentBuilderServiceStub(self._channel)
         self._metadata = bearer_metadata(token or None)
         self._store = store
-        self._overlays = Overlays(overlays_root, store, uv)
+        self._overlays = Overlays(store, uv)
         # A lock can take minutes on a cold cache; a get answers at once.
         self._timeout_s = timeout_s
 

@@ -52,9 +52,7 @@ def build_environments(
         return InProcessEnvironments(builder)
     settings = settings_from_config(config)
     if config.services.envbuilder:
-        return GrpcEnvironments(
-            config.services.envbuilder, store, settings.root / "overlays", settings.uv, config.service_token
-        )
+        return GrpcEnvironments(config.services.envbuilder, store, settings.uv, config.service_token)
     return InProcessEnvironments(EnvironmentBuilder(settings), owned=True)
 
 
