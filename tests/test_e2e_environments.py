@@ -161,3 +161,16 @@ def test_the_montecarlo_example_runs_through_the_builder(start_server, client_fo
     assert 'name = "numpy"' in lock and 'name = "hatchling"' in lock
     envs = server.config.home / "environments" / "envs"
     assert list(envs.glob(f"{final.environment}/overlays/*/runs/{run.run_id}")), "the pods ran in the run's overlay"
+
+
+def test_submit_watch_shows_the_build_instead_of_sitting_silent(start_server, tmp_path: Path, wheelhouse) -> None:
+    model = make_trees(tmp_path / "trees")
+    environments = EnvironmentsConfig(
+        find_links=[str(wheelhouse)], no_index=True, uv_cache_dir=tmp_path / "uv-cache", compile_bytecode=False
+    )
+    server = start_server(environments=environments)
+    env = {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": "tok-alice", "COLUMNS": "200"}
+    shown = CliRunner().invoke(cli, ["submit", str(model / "where.yaml"), "--watch"], env=env, catch_exceptions=False)
+    assert shown.exit_code == 0, shown.output
+    assert "building environment" in shown.output
+    assert "environment " in shown.output.split("building environment")[-1]
