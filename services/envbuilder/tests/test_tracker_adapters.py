@@ -22,7 +22,7 @@ def port(
         yield InProcessEnvironments(builder)
         return
     server = create_server(builder, "127.0.0.1:0").start()
-    adapter = GrpcEnvironments(f"127.0.0.1:{server.port}", builder.store, builder.settings.uv)
+    adapter = GrpcEnvironments(f"127.0.0.1:{server.port}", builder.store)
     try:
         yield adapter
     finally:

@@ -177,7 +177,7 @@ class EnvironmentBuilder:
         ]
         self._runtime_version = runtime_version()
         self._runtime_wheel = write_runtime_wheel(self.root / "runtime")
-        self.overlays = Overlays(self.store, settings.uv)
+        self.overlays = Overlays(self.store)
         self._lock = threading.Lock()
         self._builds: dict[str, _Build] = {}
         self._threads: list[threading.Thread] = []

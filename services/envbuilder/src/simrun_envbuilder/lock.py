@@ -214,8 +214,7 @@ def _requirement_name(requirement: str) -> str:
 
 
 def _unique(items: list[str]) -> list[str]:
-    seen: set[str] = set()
-    return [i for i in items if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
+    return list(dict.fromkeys(items))
 
 
 def _inline(value: dict[str, Any]) -> str:

@@ -20,16 +20,14 @@ from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import SnapshotRef
 
 from simrun_envbuilder.inputs import read_inputs
-from simrun_envbuilder.lock import UvSettings
 from simrun_envbuilder.venv import BuildError, file_lock, is_ready, make_overlay, mark_ready, python_of, remove
 
 
 class Overlays:
     """The overlays of the environments of one machine, each in its environment's folder."""
 
-    def __init__(self, store: StoreLayout, uv: UvSettings) -> None:
+    def __init__(self, store: StoreLayout) -> None:
         self.store = store
-        self.uv = uv
 
     def interpreter(
         self, environment_id: str, shared_python: str, snapshots: list[SnapshotRef], run_id: str | None = None
@@ -64,7 +62,7 @@ class Overlays:
         editables = [s.root for s in inputs.sources if s.project_name] if inputs is not None else []
         venv = shared_python.parent.parent
         try:
-            make_overlay(self.uv, venv, folder / "venv", editables, folder / "overlay.log")
+            make_overlay(venv, folder / "venv", editables, folder / "overlay.log")
         except BuildError as exc:
             remove(folder)
             raise FailedPrecondition(f"the overlay of the run's snapshots failed: {exc}") from None

@@ -204,7 +204,7 @@ def compile_bytecode(venv: Path, log: Path) -> bool:
     return code == 0
 
 
-def make_overlay(uv: UvSettings, base_venv: Path, overlay: Path, editables: list[Path], log: Path) -> Path:
+def make_overlay(base_venv: Path, overlay: Path, editables: list[Path], log: Path) -> Path:
     """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter: a bare venv, a
     `.pth` adding the shared site-packages, and the snapshots' editable wheels built by their backends offline.
 

@@ -13,6 +13,7 @@ import importlib.metadata
 import os
 import re
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 RUNTIME_DISTRIBUTION = "simrun-runtime"
@@ -31,7 +32,7 @@ def write_wheel(
     version: str,
     files: dict[str, bytes],
     *,
-    requires: list[str] = (),  # type: ignore[assignment]
+    requires: Sequence[str] = (),
     requires_python: str = "",
     entry_points: str = "",
 ) -> Path:

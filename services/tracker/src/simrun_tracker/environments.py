@@ -21,7 +21,6 @@ from simrun_core.rpc.auth import bearer_metadata
 from simrun_core.rpc.errors import to_domain_error
 from simrun_envbuilder import builder as domain
 from simrun_envbuilder.builder import EnvironmentBuilder
-from simrun_envbuilder.lock import UvSettings
 from simrun_envbuilder.overlays import Overlays
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import SnapshotRef
@@ -103,7 +102,6 @@ class GrpcEnvironments:
         self,
         address: str,
         store: StoreLayout,
-        uv: UvSettings,
         token: str = "",
         timeout_s: float = 600.0,
     ) -> None:
@@ -111,7 +109,7 @@ class GrpcEnvironments:
         self._stub = envbuilder_pb2_grpc.EnvironmentBuilderServiceStub(self._channel)
         self._metadata = bearer_metadata(token or None)
         self._store = store
-        self._overlays = Overlays(store, uv)
+        self._overlays = Overlays(store)
         # A lock can take minutes on a cold cache; a get answers at once.
         self._timeout_s = timeout_s
 

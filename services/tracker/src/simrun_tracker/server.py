@@ -50,10 +50,9 @@ def build_environments(
         return ServerEnvironments()
     if builder is not None:
         return InProcessEnvironments(builder)
-    settings = settings_from_config(config)
     if config.services.envbuilder:
-        return GrpcEnvironments(config.services.envbuilder, store, settings.uv, config.service_token)
-    return InProcessEnvironments(EnvironmentBuilder(settings), owned=True)
+        return GrpcEnvironments(config.services.envbuilder, store, config.service_token)
+    return InProcessEnvironments(EnvironmentBuilder(settings_from_config(config)), owned=True)
 
 
 def build_tracker(
