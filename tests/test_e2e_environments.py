@@ -130,9 +130,12 @@ def test_a_model_with_a_library_runs_in_its_environment_and_code_changes_build_n
     assert json.loads(store.run(again.run_id).task("where").summary.read_text())["code"] == "second"
     assert sorted(p.name for p in (server.config.home / "environments" / "locks").iterdir()) == locks
 
-    # A dependency change: a new environment.
+    # A dependency change: a new environment, whose build `simrun submit --watch` shows instead of sitting silent.
     (model / "pyproject.toml").write_text(model_pyproject("tinydep==2.0"))
-    third = wait_final(client, client.submit(model / "where.yaml").run_id)
+    watched = CliRunner().invoke(cli, ["submit", str(model / "where.yaml"), "--watch"], env=env, catch_exceptions=False)
+    assert watched.exit_code == 0, watched.output
+    assert "building environment" in watched.output
+    third = client.list_runs()[0]
     assert third.state == common_pb2.RUN_STATE_SUCCEEDED, third.message
     assert third.environment != environment_id
     assert json.loads(store.run(third.run_id).task("where").summary.read_text())["tinydep"] == "2.0"
@@ -161,16 +164,3 @@ def test_the_montecarlo_example_runs_through_the_builder(start_server, client_fo
     assert 'name = "numpy"' in lock and 'name = "hatchling"' in lock
     envs = server.config.home / "environments" / "envs"
     assert list(envs.glob(f"{final.environment}/overlays/*/runs/{run.run_id}")), "the pods ran in the run's overlay"
-
-
-def test_submit_watch_shows_the_build_instead_of_sitting_silent(start_server, tmp_path: Path, wheelhouse) -> None:
-    model = make_trees(tmp_path / "trees")
-    environments = EnvironmentsConfig(
-        find_links=[str(wheelhouse)], no_index=True, uv_cache_dir=tmp_path / "uv-cache", compile_bytecode=False
-    )
-    server = start_server(environments=environments)
-    env = {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": "tok-alice", "COLUMNS": "200"}
-    shown = CliRunner().invoke(cli, ["submit", str(model / "where.yaml"), "--watch"], env=env, catch_exceptions=False)
-    assert shown.exit_code == 0, shown.output
-    assert "building environment" in shown.output
-    assert "environment " in shown.output.split("building environment")[-1]
