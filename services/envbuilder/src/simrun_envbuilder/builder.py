@@ -182,6 +182,10 @@ class EnvironmentBuilder:
         self._builds: dict[str, _Build] = {}
         self._threads: list[threading.Thread] = []
         self._closed = False
+        try:
+            self.collect()  # what a stopped server left: overlays of ended runs, environments too old
+        except OSError:
+            log.exception("removing old environments failed")
 
     # resolving
 
