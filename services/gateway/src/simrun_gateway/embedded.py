@@ -136,7 +136,12 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
         closers.append(forwarding.close)
     names += [d.full_name for name, d in _DESCRIPTORS.items() if name not in remote]
     server = build_server(
-        config.address, registrations, names, tokens=tokens, translate={PlanError: FailedPrecondition}
+        config.address,
+        registrations,
+        names,
+        tokens=tokens,
+        translate={PlanError: FailedPrecondition},
+        max_concurrent_calls=config.max_concurrent_calls,
     ).start()
     if tracker is not None and drive_runs:
         tracker.start()
