@@ -221,4 +221,4 @@ def test_list_and_watch(builder, kit) -> None:
     assert updates[-1][0].state is EnvironmentState.READY
     lines = [line for _, batch in updates for line in batch]
     assert any("installing the locked packages" in line for line in lines)
-    assert [e.environment_id for e in builder.list()] == [environment.environment_id]
+    assert [e.environment_id for e in builder.list_environments()] == [environment.environment_id]

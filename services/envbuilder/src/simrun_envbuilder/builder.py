@@ -241,7 +241,7 @@ class EnvironmentBuilder:
             return self._from_meta(meta or self._pending_meta(environment_id), EnvironmentState.BUILDING, "building")
         raise NotFound(f"no environment {environment_id!r}: `simrun envs` lists them")
 
-    def list(self) -> list[Environment]:
+    def list_environments(self) -> list[Environment]:
         """Every environment this builder knows, newest first."""
         ids = {p.name for p in (self.root / "envs").iterdir() if p.is_dir()}
         ids |= {p.stem for p in (self.root / "failed").glob("*.json")}
@@ -357,7 +357,7 @@ class EnvironmentBuilder:
         with self._lock:
             building = {i for i, b in self._builds.items() if not b.done}
         candidates = []
-        for environment in self.list():
+        for environment in self.list_environments():
             if environment.state is not EnvironmentState.READY:
                 continue
             last = _mtime(self._env(environment.environment_id) / "last_use", now)

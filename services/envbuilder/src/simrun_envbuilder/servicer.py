@@ -38,7 +38,7 @@ class EnvironmentBuilderServicer(envbuilder_pb2_grpc.EnvironmentBuilderServiceSe
         self, request: envbuilder_pb2.ListEnvironmentsRequest, context: grpc.ServicerContext
     ) -> envbuilder_pb2.ListEnvironmentsResponse:
         environments, next_token = page(
-            self._builder.list(), request.page_size, request.page_token, "environments", DEFAULT_PAGE_SIZE
+            self._builder.list_environments(), request.page_size, request.page_token, "environments", DEFAULT_PAGE_SIZE
         )
         return envbuilder_pb2.ListEnvironmentsResponse(
             environments=[convert.environment_to_proto(e) for e in environments], next_page_token=next_token

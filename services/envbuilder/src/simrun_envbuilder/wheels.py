@@ -107,7 +107,7 @@ def write_runtime_wheel(dest: Path) -> Path:
         version,
         runtime_files(),
         requires=requires,
-        requires_python=distribution.metadata.get("Requires-Python") or "",
+        requires_python=distribution.metadata["Requires-Python"] or "",
         entry_points=entry_points,
     )
 
