@@ -428,6 +428,7 @@ class EnvironmentBuilder:
                 "inputs_digest": digest,
                 "interpreter": interpreter.path,
                 "python_version": interpreter.minor,
+                "python_full_version": ".".join(map(str, interpreter.version)),
                 "packages": locked.packages,
                 "system_packages": inputs.system_packages,
                 "model": inputs.model.ref.name,
@@ -597,8 +598,8 @@ def _copy_project(source: Path, dest: Path) -> None:
 
 
 def _version_of(record: dict[str, Any]) -> tuple[int, int, int]:
-    major, minor = (int(p) for p in record["python_version"].split(".")[:2])
-    return major, minor, 0
+    parts = [int(p) for p in str(record.get("python_full_version") or record["python_version"]).split(".")]
+    return parts[0], parts[1], parts[2] if len(parts) > 2 else 0
 
 
 def _now() -> str:
