@@ -222,3 +222,24 @@ def test_list_and_watch(builder, kit) -> None:
     lines = [line for _, batch in updates for line in batch]
     assert any("installing the locked packages" in line for line in lines)
     assert [e.environment_id for e in builder.list_environments()] == [environment.environment_id]
+
+
+def test_two_builders_on_one_folder_lock_and_build_once(settings: BuilderSettings, kit) -> None:
+    ref = kit.snapshot("tinymodel", kit.model_files())
+    builders = [EnvironmentBuilder(settings), EnvironmentBuilder(settings)]  # two server processes, one machine
+    try:
+        found: list[str] = []
+        threads = [threading.Thread(target=lambda b=b: found.append(b.resolve([ref]).environment_id)) for b in builders]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(set(found)) == 1 and len(found) == 2
+        for builder in builders:
+            assert kit.wait_ready(builder, found[0]).state is EnvironmentState.READY
+        calls = kit.calls.read_text().splitlines()
+        assert sum(line.startswith("lock") for line in calls) == 1
+        assert sum(line.startswith("sync") for line in calls) == 1
+    finally:
+        for builder in builders:
+            builder.close()
