@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -243,3 +244,19 @@ def test_two_builders_on_one_folder_lock_and_build_once(settings: BuilderSetting
     finally:
         for builder in builders:
             builder.close()
+
+
+def test_beyond_the_total_size_the_least_recently_used_go_first_but_never_a_recent_one(
+    settings: BuilderSettings, kit
+) -> None:
+    builder = EnvironmentBuilder(replace(settings, max_total_bytes=1))
+    try:
+        old = build(builder, kit, [kit.snapshot("tinymodel", kit.model_files(dependencies=("tinydep==1.0",)))])
+        new = build(builder, kit, [kit.snapshot("tinymodel", kit.model_files(dependencies=("tinydep==2.0",)))])
+        assert builder.collect() == []  # both over the size, both used within the hour
+        hours_ago = time.time() - 2 * 3600
+        os.utime(builder.root / "envs" / old.environment_id / "last_use", (hours_ago, hours_ago))
+        assert builder.collect() == [old.environment_id]
+        assert builder.get(new.environment_id).state is EnvironmentState.READY
+    finally:
+        builder.close()

@@ -71,6 +71,8 @@ DEFAULT_ENVIRONMENT = "default"
 
 _FINAL_RUN_STATES = {"succeeded", "failed", "cancelled"}
 _DESCRIBE_OVERLAY_AGE_S = 3600.0
+RECENT_USE_S = 3600.0
+"""An environment used this recently is never removed, whatever the total size."""
 _DEFAULT_CONSTRAINTS = Path(__file__).with_name("constraints.txt")
 
 
@@ -365,8 +367,8 @@ class EnvironmentBuilder:
         removed: list[str] = []
         total = sum(size for _, size, _ in candidates)
         for last, size, environment_id in sorted(candidates):
-            if environment_id in in_use or environment_id in building:
-                continue
+            if environment_id in in_use or environment_id in building or now - last < RECENT_USE_S:
+                continue  # a run may have just resolved it and not yet made its overlay
             if now - last > self.settings.max_age_s or total > self.settings.max_total_bytes:
                 with file_lock(self.root / "envs" / f"{environment_id}.lock"):
                     remove(self._env(environment_id))
