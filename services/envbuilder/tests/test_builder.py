@@ -260,3 +260,21 @@ def test_beyond_the_total_size_the_least_recently_used_go_first_but_never_a_rece
         assert builder.get(new.environment_id).state is EnvironmentState.READY
     finally:
         builder.close()
+
+
+def test_a_build_that_died_with_its_server_is_built_again_by_the_next_one(settings: BuilderSettings, kit) -> None:
+    first = EnvironmentBuilder(settings)
+    env = build(first, kit, [kit.snapshot("tinymodel", kit.model_files())])
+    first.close()
+    # What a server killed mid-build leaves: the folder without its ready mark, the pending record, no lock held.
+    folder = Path(settings.root) / "envs" / env.environment_id
+    (folder / "ready").unlink()
+    shutil.rmtree(folder / "venv")
+    restarted = EnvironmentBuilder(settings)
+    try:
+        assert restarted.get(env.environment_id).state is EnvironmentState.BUILDING  # the driver only asks `get`
+        again = kit.wait_ready(restarted, env.environment_id)
+        assert again.state is EnvironmentState.READY
+        assert run_probe(again.interpreter, "import tinydep; print(tinydep.VERSION)") == "1.0"
+    finally:
+        restarted.close()

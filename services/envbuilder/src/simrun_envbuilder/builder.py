@@ -56,6 +56,7 @@ from simrun_envbuilder.venv import (
     compile_bytecode,
     file_lock,
     folder_size,
+    is_locked,
     is_ready,
     mark_ready,
     python_of,
@@ -71,6 +72,18 @@ DEFAULT_ENVIRONMENT = "default"
 
 _FINAL_RUN_STATES = {"succeeded", "failed", "cancelled"}
 _DESCRIBE_OVERLAY_AGE_S = 3600.0
+_RECORD_KEYS = {
+    "dockerfile",
+    "environment_id",
+    "lock_sha256",
+    "inputs_digest",
+    "interpreter",
+    "python_version",
+    "python_full_version",
+    "packages",
+    "system_packages",
+    "model",
+}
 RECENT_USE_S = 3600.0
 """An environment used this recently is never removed, whatever the total size."""
 _DEFAULT_CONSTRAINTS = Path(__file__).with_name("constraints.txt")
@@ -239,8 +252,13 @@ class EnvironmentBuilder:
         if failed is not None:
             return self._from_meta(failed, EnvironmentState.FAILED, failed.get("message", ""))
         if meta is not None or (self.root / "envs" / f"{environment_id}.pending").exists():
+            record = self._pending_meta(environment_id) if meta is None else meta
+            if not is_locked(self.root / "envs" / f"{environment_id}.lock") and "lock_sha256" in record:
+                # Nobody builds it: the build died with its server. Build it again here (a half-built one is removed).
+                self._start_build(environment_id, {k: v for k, v in record.items() if k in _RECORD_KEYS})
+                return self.get(environment_id)
             # Built by another process of this machine, under the environment's file lock.
-            return self._from_meta(meta or self._pending_meta(environment_id), EnvironmentState.BUILDING, "building")
+            return self._from_meta(record, EnvironmentState.BUILDING, "building")
         raise NotFound(f"no environment {environment_id!r}: `simrun envs` lists them")
 
     def list_environments(self) -> list[Environment]:

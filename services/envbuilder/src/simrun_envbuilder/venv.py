@@ -47,6 +47,21 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def is_locked(path: Path) -> bool:
+    """Whether a process holds the `flock` on `path` now (a build under way somewhere on this machine)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock this probe took
+    return False
+
+
 def is_ready(folder: Path) -> bool:
     return (folder / READY).is_file()
 
