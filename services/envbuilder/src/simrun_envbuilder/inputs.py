@@ -157,7 +157,9 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
     per_snapshot: list[str] = []
     for source in sources:
         data = source.project
-        for requirement in data.get("build-system", {}).get("requires", []):
+        # PEP 517: a project without [build-system] is built by setuptools' legacy backend.
+        default = {"requires": ["setuptools>=40.8.0"]} if source.project_name else {}
+        for requirement in data.get("build-system", default).get("requires", []):
             if requirement not in build_requires:
                 build_requires.append(str(requirement))
         dynamic = set(data.get("project", {}).get("dynamic", []))

@@ -242,6 +242,9 @@ class RunTracker:
             seconds = None
             if task.description.split and task.plan.units:
                 seconds = self.learner.estimate(task.key, task.plan.units, task.plan.pods, task.plan.shape.processes)
+            elif not task.description.split:
+                # An unsplit task is one unit: its learned seconds are those of its whole run.
+                seconds = self.learner.estimate(task.key, 1, 1, 1)
             estimates.append(TaskEstimate(task, seconds))
         return estimates
 
@@ -268,7 +271,7 @@ class RunTracker:
                 raise FailedPrecondition(f"run {run_id} has ended already ({record.state.value})")
             record.cancel_requested = True
             record.message = f"{CANCELLED_BY}{identity.name}"
-            self.runs.save(record)
+            self.runs.save(record, durable=True)
             version = self.runs.version(run_id)
         deadline = threading.Event()
         timer = threading.Timer(CANCEL_WAIT_S, deadline.set)
@@ -291,9 +294,7 @@ class RunTracker:
     def list_runs(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
         return self.reader.list_runs(group, state, owner)
 
-    def page(
-        self, group: str, state: str, owner: str, page_size: int, page_token: str
-    ) -> tuple[list[RunRecord], str]:
+    def page(self, group: str, state: str, owner: str, page_size: int, page_token: str) -> tuple[list[RunRecord], str]:
         return self.reader.page(group, state, owner, page_size, page_token)
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
