@@ -76,6 +76,11 @@ single_server_option = click.option(
 @click.option("--reserve", metavar="NODE", help="Reserve this node for the run.")
 @model_option
 @store_option
+@click.option(
+    "--request-id",
+    metavar="ID",
+    help="An id you pick for this submission: retrying with the same id returns the first run, not a new one.",
+)
 @click.option("--watch", is_flag=True, help="Follow the run with a progress bar per task until it ends.")
 @json_option
 @with_client
@@ -86,13 +91,22 @@ def submit(
     reserve: str | None,
     model: Path | None,
     store: Path | None,
+    request_id: str | None,
     watch: bool,
     as_json: bool,
     client: Client,
 ) -> None:
     """Submit WORKFLOW, run on a snapshot of its git working tree (uncommitted changes included)."""
     model = model or default_model(workflow)
-    run = client.submit(workflow, model=model, group=group, single_server=single_server, reserve=reserve, store=store)
+    run = client.submit(
+        workflow,
+        model=model,
+        group=group,
+        single_server=single_server,
+        reserve=reserve,
+        store=store,
+        request_id=request_id,
+    )
     out = render.console()
     if not as_json:
         out.print(f"submitted run [bold]{run.run_id}[/bold] (group {run.group or 'default'})")
