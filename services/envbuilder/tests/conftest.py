@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from envbuilder_support import build_wheelhouse
+from simrun_core.snapshots.model import FileEntry
+from simrun_core.snapshots.store import LocalFiles, SnapshotStore
 from simrun_envbuilder.builder import BuilderSettings, Environment, EnvironmentBuilder, EnvironmentState
 from simrun_envbuilder.lock import UvSettings, default_uv_command
 from simrun_runtime.record import Provenance, SnapshotRef
-from simrun_snapshot.model import FileEntry
-from simrun_snapshot.store import LocalFiles, SnapshotStore
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 
 from simrun_core.errors import InvalidArgument
-from simrun_snapshot.model import sanitize_name
+from simrun_core.snapshots.model import sanitize_name
 
 
 def library_trees(model_root: Path) -> list[Path]:
