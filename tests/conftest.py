@@ -9,7 +9,7 @@ import pytest
 import yaml
 from e2e_support import E2E_MODEL, EXAMPLE, TOKENS, git_repo
 from simrun_client.client import Client
-from simrun_core.config import NodeConfig, ServerConfig
+from simrun_core.config import EnvironmentsConfig, NodeConfig, ServerConfig
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 
 
@@ -60,7 +60,9 @@ def start_server(tmp_path: Path, tokens_file: Path) -> Iterator[ServerFactory]:
             tokens_file=tokens_file,
             nodes=[NodeConfig(**n) for n in nodes] if nodes else [NodeConfig(name="node-a", cores=2, memory_gb=8)],
             grace_s=5,
-            **settings,
+            # The examples' dependencies come from PyPI: runs here use the server's Python unless a test
+            # (test_e2e_environments) asks for the environment builder.
+            **{"environments": EnvironmentsConfig(kind="server"), **settings},
         )
         server = start_embedded(config)
         servers.append(server)

@@ -9,7 +9,7 @@ import pytest
 from e2e_support import TOKENS, wait_final
 from simrun.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from simrun_client.client import Client
-from simrun_core.config import NodeConfig, ServerConfig, ServiceAddresses
+from simrun_core.config import EnvironmentsConfig, NodeConfig, ServerConfig, ServiceAddresses
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.auth import bearer_metadata
 from simrun_gateway.embedded import start_embedded
@@ -43,6 +43,7 @@ def apart(tmp_path, tokens_file):
         services=ServiceAddresses(learner=addresses["learner"]),
         service_token=TOKENS["owner"],
         grace_s=5,
+        environments=EnvironmentsConfig(kind="server"),
     )
     tracker = build_tracker(tracker_config, store, learner=None)
     servers["tracker"] = tracker_server(tracker, "127.0.0.1:0", tokens).start()

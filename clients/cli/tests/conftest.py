@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner, Result
 from e2e_support import EXAMPLE, git_repo
 from simrun_cli.main import cli
-from simrun_core.config import ServerConfig
+from simrun_core.config import EnvironmentsConfig, ServerConfig
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 
 SLOW_WORKFLOW = """\
@@ -34,7 +34,14 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     home = tmp_path_factory.mktemp("home")
-    embedded = start_embedded(ServerConfig(home=home, store=home / "store", address="127.0.0.1:0", grace_s=2))
+    config = ServerConfig(
+        home=home,
+        store=home / "store",
+        address="127.0.0.1:0",
+        grace_s=2,
+        environments=EnvironmentsConfig(kind="server"),  # the example's numpy is the server's; no PyPI in tests
+    )
+    embedded = start_embedded(config)
     try:
         yield embedded
     finally:

@@ -14,7 +14,7 @@ import pytest
 from e2e_support import EXAMPLE, git_repo
 from simrun.v1 import common_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, git_toplevel, run_state
-from simrun_core.config import ServerConfig
+from simrun_core.config import EnvironmentsConfig, ServerConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated, Unavailable
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 
@@ -56,7 +56,13 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     home = tmp_path_factory.mktemp("home")
-    config = ServerConfig(home=home, store=home / "store", address="127.0.0.1:0", grace_s=2)
+    config = ServerConfig(
+        home=home,
+        store=home / "store",
+        address="127.0.0.1:0",
+        grace_s=2,
+        environments=EnvironmentsConfig(kind="server"),
+    )
     embedded = start_embedded(config)
     try:
         yield Served(embedded, config.store)

@@ -57,12 +57,16 @@ class Environments:
     def __init__(self) -> None:
         self.state = EnvironmentState.READY
         self.message = ""
+        self.locks_written: list[tuple[str, str]] = []
 
     def resolve(self, snapshots: object) -> Environment:
         return self.get("env-1")
 
     def get(self, environment_id: str) -> Environment:
         return Environment(environment_id, self.state, self.message)
+
+    def write_run_lock(self, run_id: str, environment_id: str) -> None:
+        self.locks_written.append((run_id, environment_id))
 
     def close(self) -> None:
         return None
@@ -326,10 +330,11 @@ def test_a_run_waits_while_its_environment_builds_then_is_planned_and_runs(make_
     record = world.until(lambda r: "building" in r.message)
     assert record.state == RunState.SUBMITTING
     assert record.message == "building environment env-1: uv sync: 12 of 40 packages"
-    assert world.executor.pods("r1") == [] and world.planned == []
+    assert world.executor.pods("r1") == [] and world.planned == [] and world.environments.locks_written == []
     world.environments.state = EnvironmentState.READY
     world.until(running)
     assert world.planned == ["r1"]
+    assert world.environments.locks_written[:1] == [("r1", "env-1")]  # runs/r1/environment.lock once it is ready
     world.executor.exit("r1", "fit")
     assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
 

@@ -18,7 +18,7 @@ from simrun_cli.server import server
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from simrun.v1 import common_pb2, tracker_pb2
+    from simrun.v1 import common_pb2, envbuilder_pb2, tracker_pb2
     from simrun_client.client import Client
 
     from simrun_cli import render
@@ -26,6 +26,7 @@ else:
     # Imported on first use: `simrun --version` or `--help` needs none of them, `simrun status` not all.
     common_pb2 = lazy_module("simrun.v1.common_pb2")
     tracker_pb2 = lazy_module("simrun.v1.tracker_pb2")
+    envbuilder_pb2 = lazy_module("simrun.v1.envbuilder_pb2")
     render = lazy_module("simrun_cli.render")
 
 RUN_STATES = ["submitting", "queued", "running", "succeeded", "failed", "cancelled"]
@@ -377,7 +378,9 @@ def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
             run = client.wait(run_id)
         else:
             with render.RunProgress(out) as bars:
+                said = ""
                 for update in client.watch(run_id):
+                    said = _environment_progress(out, update.run, said)
                     bars.update(update.progress)
                     run = update.run
     except KeyboardInterrupt:
@@ -394,6 +397,30 @@ def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
         failed = [task.task_id for task in run.tasks if task.state == common_pb2.TASK_STATE_FAILED]
         logs = f"; see `simrun logs {run.run_id} {failed[0]}`" if failed else ""
         raise click.ClickException(f"run {run.run_id} {render.run_state(run.state)}{reason}{logs}")
+
+
+def _environment_progress(out: Console, run: common_pb2.Run, said: str) -> str:
+    """Prints the run's message while it is submitting (its environment's build), each new one once."""
+    from rich.text import Text
+
+    if run.state == common_pb2.RUN_STATE_SUBMITTING and run.message and run.message != said:
+        out.print(Text(run.message, style="yellow"))
+        return run.message
+    return said
+
+
+@cli.command()
+@json_option
+@with_client
+def envs(as_json: bool, client: Client) -> None:
+    """List the environments runs use: id, Python, packages, size and when last used."""
+    from simrun_client.environments import list_environments
+
+    found = list_environments(client)
+    if as_json:
+        render.echo_json(envbuilder_pb2.ListEnvironmentsResponse(environments=found))
+    else:
+        render.console().print(render.environments_table(found))
 
 
 def _show_run(client: Client, run: common_pb2.Run, out: Console) -> None:

@@ -115,6 +115,8 @@ def run_header(run: common_pb2.Run) -> Group:
             if part
         )
         lines.append(Text(f"model {model.name} {model.snapshot_id[:12]}" + (f" ({origin})" if origin else "")))
+    if run.environment:
+        lines.append(Text(f"environment {run.environment}"))
     if run.reservation:
         lines.append(Text(f"reserves node {run.reservation}"))
     if run.message:
@@ -334,3 +336,27 @@ class RunProgress:
         now = datetime.now().astimezone().strftime("%H:%M:%S")
         counted = f" {done}/{units} units" if units is not None else ""
         self._out.print(f"{now} {task_id} {state}{counted}", soft_wrap=True)
+
+_ENVIRONMENT_STATES = {
+    common_pb2.ENVIRONMENT_STATE_BUILDING: "building",
+    common_pb2.ENVIRONMENT_STATE_READY: "ready",
+    common_pb2.ENVIRONMENT_STATE_FAILED: "failed",
+}
+
+
+def environments_table(environments: Iterable[common_pb2.Environment]) -> Table:
+    """One row per environment: id, state, Python, packages, size, last used."""
+    table = Table(box=None, pad_edge=False)
+    for column in ("environment", "state", "python", "packages", "size", "last used"):
+        table.add_column(column, no_wrap=True)
+    for env in environments:
+        last = when(env.last_use_time) if env.HasField("last_use_time") else ""
+        table.add_row(
+            env.environment_id,
+            _ENVIRONMENT_STATES.get(env.state, "?"),
+            env.python_version,
+            str(env.package_count),
+            size(env.size_bytes) if env.size_bytes else "",
+            last,
+        )
+    return table

@@ -364,6 +364,8 @@ class Client:
         from simrun_core.snapshots.convert import snapshot_to_proto
         from simrun_core.workflow import parse_workflow
 
+        from simrun_client.libraries import library_trees
+
         path = Path(workflow_path)
         try:
             text = path.read_text()
@@ -373,7 +375,10 @@ class Client:
             raise InvalidArgument(f"cannot read the workflow {path}: not UTF-8 text") from None
         parse_workflow(text, source=str(path))
         root = Path(model) if model is not None else git_toplevel(path.resolve())
-        return text, [snapshot_to_proto(self.snapshot(root, store=store).snapshot)]
+        snapshots = [snapshot_to_proto(self.snapshot(root, store=store).snapshot)]
+        # The model's libraries (path sources out of its tree) are locked with it: snapshot them too.
+        snapshots += [snapshot_to_proto(self.snapshot(lib, store=store).snapshot) for lib in library_trees(root)]
+        return text, snapshots
 
     def _call(self, method: Callable[..., T], request: Any) -> T:
         try:

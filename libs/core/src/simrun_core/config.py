@@ -35,6 +35,41 @@ class ServiceAddresses(BaseModel):
     learner: str = ""
     snapshot: str = ""
     tracker: str = ""
+    envbuilder: str = ""
+
+
+class ImagesConfig(BaseModel):
+    """Where the environment builder pushes images (a cluster): the registry, BuildKit, the base images."""
+
+    model_config = ConfigDict(extra="forbid")
+    registry: str = Field(min_length=1, description="host:port of the registry, e.g. zot.simrun.svc:5000.")
+    repository: str = Field(default="simrun/environments", description="The repository of environments.")
+    base_images: dict[str, str] = Field(description="Base image by digest (name@sha256:...) per Python, e.g. 3.11.")
+    insecure: bool = Field(default=False, description="The registry speaks plain HTTP.")
+    buildkit_addr: str = Field(default="", description="buildkitd's address, e.g. tcp://buildkitd:1234.")
+    ca_bundle: Path | None = Field(default=None, description="A CA bundle the image needs to reach the index.")
+
+
+class EnvironmentsConfig(BaseModel):
+    """The environment builder: where its venvs live (local disk), which index uv locks against, when old ones go."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["venv", "image", "server"] = Field(
+        default="venv",
+        description="venv: a locked venv per model with a pyproject.toml; image: an image per lock (images:); "
+        "server: every run in the server's Python.",
+    )
+    images: ImagesConfig | None = Field(default=None, description="Required for kind image.")
+    root: Path | None = Field(default=None, description="None: <home>/environments; never on NFS.")
+    index_url: str = Field(default="", description="The package index uv locks against; empty: uv's default (PyPI).")
+    find_links: list[str] = Field(default_factory=list, description="Folders or pages of wheels uv also uses.")
+    no_index: bool = Field(default=False, description="Use only find_links, no index.")
+    constraints: Path | None = Field(default=None, description="Constraints file for build backends; None: built in.")
+    interpreters: list[str] = Field(default_factory=list, description="Pythons to use besides those found here.")
+    uv_cache_dir: Path | None = Field(default=None, description="uv's cache; None: uv's default.")
+    max_age_days: float = Field(default=30.0, gt=0, description="An environment unused this long is removed.")
+    max_total_gb: float = Field(default=50.0, gt=0, description="Beyond this, least recently used ones go, GiB.")
+    compile_bytecode: bool = Field(default=True, description="Compile each new venv to bytecode once it is ready.")
 
 
 class LocalExecutorConfig(BaseModel):
@@ -99,6 +134,7 @@ class ServerConfig(BaseModel):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     driver: DriverConfig = Field(default_factory=DriverConfig)
     services: ServiceAddresses = Field(default_factory=ServiceAddresses)
+    environments: EnvironmentsConfig = Field(default_factory=EnvironmentsConfig)
     service_token: str = Field(default="", description="Token a service sends another (tracker to learner).")
     grace_s: float = Field(default=10.0, gt=0, description="Seconds a stopped pod has before SIGKILL.")
     merge_wait_s: float = Field(default=120.0, ge=0, description="Seconds to await the merge marker.")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simrun.v1 import (
+    envbuilder_pb2,
     gateway_pb2,
     gateway_pb2_grpc,
     learner_pb2,
@@ -23,6 +24,9 @@ from simrun_core.config import ServerConfig, ensure_local_tokens
 from simrun_core.errors import FailedPrecondition
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
+from simrun_envbuilder.builder import EnvironmentBuilder
+from simrun_envbuilder.convert import settings_from_config
+from simrun_envbuilder.server import register as register_environments
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.servicer import ResourceLearnerService
 from simrun_planner import PlanError
@@ -43,6 +47,7 @@ _DESCRIPTORS = {
     "learner": learner_pb2.DESCRIPTOR.services_by_name["ResourceLearnerService"],
     "snapshot": snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"],
     "tracker": tracker_pb2.DESCRIPTOR.services_by_name["RunTrackerService"],
+    "envbuilder": envbuilder_pb2.DESCRIPTOR.services_by_name["EnvironmentBuilderService"],
 }
 
 
@@ -56,6 +61,7 @@ class EmbeddedServer:
     """The owner's token made on first start; empty when the config names its own tokens file."""
     tracker: RunTracker | None = None
     learner: ResourceLearner | None = None
+    environments: EnvironmentBuilder | None = None
     closers: list[Any] = field(default_factory=list)
 
     @property
@@ -107,14 +113,20 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
         )
     if "snapshot" not in remote:
         registrations.append(register_snapshots(store.root))
+    environments: EnvironmentBuilder | None = None
+    if "envbuilder" not in remote:
+        environments = EnvironmentBuilder(settings_from_config(config))
+        registrations.append(register_environments(environments))
     if "tracker" not in remote:
-        tracker = build_tracker(config, store, learner)
+        tracker = build_tracker(config, store, learner, environments)
         closers.append(tracker.close)
         registrations.append(
             lambda s: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(RunTrackerServicer(tracker), s)
         )
     if learner is not None:
         closers.append(learner.close)
+    if environments is not None:
+        closers.append(environments.close)
     if remote:
         forwarding = ForwardingHandler(
             {_DESCRIPTORS[name].full_name: address for name, address in remote.items()},
@@ -133,7 +145,7 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
     ).start()
     if tracker is not None and drive_runs:
         tracker.start()
-    return EmbeddedServer(server, config, token, tracker, learner, closers)
+    return EmbeddedServer(server, config, token, tracker, learner, environments, closers)
 
 
 def serve(config: ServerConfig, ready: Any = None) -> None:

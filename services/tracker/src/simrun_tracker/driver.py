@@ -297,6 +297,7 @@ class Driver:
                 f"environment {environment.environment_id} failed: {environment.message or 'no reason given'}",
             )
             return None
+        self.environments.write_run_lock(record.run_id, environment.environment_id)
         if any(task.plan is None for task in record.tasks.values()):
             self.planner(record)
         record.state = RunState.QUEUED

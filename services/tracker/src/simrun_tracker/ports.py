@@ -78,6 +78,10 @@ class EnvironmentPort(Protocol):
         """An environment's state now; `NotFound` for an unknown id."""
         ...
 
+    def write_run_lock(self, run_id: str, environment_id: str) -> None:
+        """Writes `runs/<id>/environment.lock`, the run's copy of its READY environment's lock, once."""
+        ...
+
     def close(self) -> None:
         """Releases what the port holds."""
         ...
@@ -90,14 +94,17 @@ class LocalInterpreters(Protocol):
     never crosses the executor or environment port.
     """
 
-    def interpreter(self, environment_id: str, run_id: str | None = None) -> str:
+    def interpreter(
+        self, environment_id: str, run_id: str | None = None, snapshots: list[SnapshotRef] | None = None
+    ) -> str:
         """The interpreter of an environment, for a run's pods (its overlay of the run's snapshots) or, without a
-        run, for describing types. Raises `FailedPrecondition` when the environment is not ready here."""
+        run, for describing types (the overlay of `snapshots`, so the model's libraries import). Raises
+        `FailedPrecondition` when the environment is not ready here."""
         ...
 
 
 class ServerEnvironments:
-    """Until the environment builder is wired in, every run's environment is the server's own interpreter."""
+    """Every run's environment is the server's own interpreter (`environments.kind: server`)."""
 
     def resolve(self, snapshots: list[SnapshotRef]) -> Environment:
         return Environment(DEFAULT_ENVIRONMENT, EnvironmentState.READY, python_version=_python_version())
@@ -107,7 +114,12 @@ class ServerEnvironments:
             raise FailedPrecondition(f"environment {environment_id!r} is unknown to this server's default builder")
         return self.resolve([])
 
-    def interpreter(self, environment_id: str, run_id: str | None = None) -> str:
+    def write_run_lock(self, run_id: str, environment_id: str) -> None:
+        return None
+
+    def interpreter(
+        self, environment_id: str, run_id: str | None = None, snapshots: list[SnapshotRef] | None = None
+    ) -> str:
         if environment_id != DEFAULT_ENVIRONMENT:
             raise FailedPrecondition(f"environment {environment_id!r} is not on this machine")
         return sys.executable

@@ -7,10 +7,13 @@ from simrun_core.config import ServerConfig
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
+from simrun_envbuilder.builder import EnvironmentBuilder
+from simrun_envbuilder.convert import settings_from_config
 from simrun_learner.learner import ResourceLearner
 from simrun_runtime.layout import StoreLayout
 
 from simrun_tracker.describer import SubprocessDescriber
+from simrun_tracker.environments import GrpcEnvironments, InProcessEnvironments
 from simrun_tracker.executor import Executor, PodSpec
 from simrun_tracker.learning import GrpcLearner, InProcessLearner
 from simrun_tracker.local import LocalExecutor
@@ -42,21 +45,41 @@ def build_executor(config: ServerConfig, store: StoreLayout, interpreters: Local
     raise InvalidArgument(f"executor kind {config.executor.kind!r} is not available in this build of simrun")
 
 
-def build_tracker(config: ServerConfig, store: StoreLayout, learner: ResourceLearner | None) -> RunTracker:
-    """A run tracker over the configured executor, with the learner in process or at `config.services.learner`."""
+def build_environments(
+    config: ServerConfig, store: StoreLayout, builder: EnvironmentBuilder | None
+) -> InProcessEnvironments | GrpcEnvironments | ServerEnvironments:
+    """The environment port: the server's own Python (`environments.kind: server`), the builder in process, or
+    its service at `config.services.envbuilder` (on this machine: pods run its venvs through local overlays)."""
+    if config.environments.kind == "server":
+        return ServerEnvironments()
+    if builder is not None:
+        return InProcessEnvironments(builder)
+    if config.services.envbuilder:
+        return GrpcEnvironments(config.services.envbuilder, store, config.service_token)
+    return InProcessEnvironments(EnvironmentBuilder(settings_from_config(config)), owned=True)
+
+
+def build_tracker(
+    config: ServerConfig,
+    store: StoreLayout,
+    learner: ResourceLearner | None,
+    environments: EnvironmentBuilder | None = None,
+) -> RunTracker:
+    """A run tracker over the configured executor, with the learner in process or at `config.services.learner`,
+    and the environment builder given (in process), at `config.services.envbuilder`, or its own."""
     port: LearnerPort
     if learner is not None:
         port = InProcessLearner(learner, store)
     else:
         port = GrpcLearner(config.services.learner, store, config.service_token)
-    environments = ServerEnvironments()
+    environments_port = build_environments(config, store, environments)
     return RunTracker(
         store,
-        build_executor(config, store, environments),
+        build_executor(config, store, environments_port),
         port,
         SubprocessDescriber(),
-        environments,
-        environments,
+        environments_port,
+        environments_port,
         grace_s=config.grace_s,
         merge_wait_s=config.merge_wait_s,
         driver=config.driver,

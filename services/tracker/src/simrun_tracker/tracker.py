@@ -207,7 +207,7 @@ class RunTracker:
         environment: Environment,
     ) -> list[PlannedTask]:
         model_root = check_snapshots(self.store, snapshots)
-        interpreter = self.interpreters.interpreter(environment.environment_id)
+        interpreter = self.interpreters.interpreter(environment.environment_id, snapshots=snapshots)
         descriptions = describe_tasks(self.describer, interpreter, model_root, workflow)
         nodes = reserving(self.executor.nodes(), run_id, reserve)
         priority = identity.priority if isinstance(identity, Identity) else Priority(identity.priority)

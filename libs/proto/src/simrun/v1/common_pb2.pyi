@@ -930,6 +930,11 @@ class Environment(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    INPUTS_DIGEST_FIELD_NUMBER: _builtins.int
+    PACKAGE_COUNT_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    LAST_USE_TIME_FIELD_NUMBER: _builtins.int
+    SYSTEM_PACKAGES_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.str
     """Id: the hash of the lock, the Python version, the simrun version and the base."""
     lock_sha256: _builtins.str
@@ -937,16 +942,30 @@ class Environment(_message.Message):
     python_version: _builtins.str
     """Python version, e.g. 3.11."""
     image: _builtins.str
-    """Image reference in the registry; empty for a local venv."""
+    """Image in the registry by digest (name@sha256:...); empty for a local venv."""
     interpreter: _builtins.str
     """Interpreter path of a local venv; empty for an image."""
     state: Global___EnvironmentState.ValueType
     """Its state."""
     message: _builtins.str
     """Why it failed; empty otherwise."""
+    inputs_digest: _builtins.str
+    """SHA-256 of the inputs it was locked from (every pyproject.toml, the model's uv.lock, Python, runtime, constraints)."""
+    package_count: _builtins.int
+    """Third-party packages in its lock."""
+    size_bytes: _builtins.int
+    """Bytes it takes on disk; 0 for an image."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was first built."""
+
+    @_builtins.property
+    def last_use_time(self) -> _timestamp_pb2.Timestamp:
+        """When a run or a describer last used it."""
+
+    @_builtins.property
+    def system_packages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Debian packages of the model's [tool.simrun] system-packages, installed in an image."""
 
     def __init__(
         self,
@@ -959,10 +978,15 @@ class Environment(_message.Message):
         state: Global___EnvironmentState.ValueType = ...,
         message: _builtins.str = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        inputs_digest: _builtins.str = ...,
+        package_count: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+        last_use_time: _timestamp_pb2.Timestamp | None = ...,
+        system_packages: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "last_use_time", b"last_use_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "environment_id", b"environment_id", "image", b"image", "interpreter", b"interpreter", "lock_sha256", b"lock_sha256", "message", b"message", "python_version", b"python_version", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "environment_id", b"environment_id", "image", b"image", "inputs_digest", b"inputs_digest", "interpreter", b"interpreter", "last_use_time", b"last_use_time", "lock_sha256", b"lock_sha256", "message", b"message", "package_count", b"package_count", "python_version", b"python_version", "size_bytes", b"size_bytes", "state", b"state", "system_packages", b"system_packages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from simrun.v1 import common_pb2 as simrun_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asimrun/v1/envbuilder.proto\x12\tsimrun.v1\x1a\x16simrun/v1/common.proto\"Z\n\x18\x43reateEnvironmentRequest\x12&\n\tsnapshots\x18\x01 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\x16\n\x0epython_version\x18\x02 \x01(\t\"H\n\x19\x43reateEnvironmentResponse\x12+\n\x0b\x65nvironment\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Environment\"/\n\x15GetEnvironmentRequest\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\t\"E\n\x16GetEnvironmentResponse\x12+\n\x0b\x65nvironment\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Environment\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"a\n\x18ListEnvironmentsResponse\x12,\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x16.simrun.v1.Environment\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xaf\x02\n\x19\x45nvironmentBuilderService\x12^\n\x11\x43reateEnvironment\x12#.simrun.v1.CreateEnvironmentRequest\x1a$.simrun.v1.CreateEnvironmentResponse\x12U\n\x0eGetEnvironment\x12 .simrun.v1.GetEnvironmentRequest\x1a!.simrun.v1.GetEnvironmentResponse\x12[\n\x10ListEnvironments\x12\".simrun.v1.ListEnvironmentsRequest\x1a#.simrun.v1.ListEnvironmentsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asimrun/v1/envbuilder.proto\x12\tsimrun.v1\x1a\x16simrun/v1/common.proto\"Z\n\x18\x43reateEnvironmentRequest\x12&\n\tsnapshots\x18\x01 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\x16\n\x0epython_version\x18\x02 \x01(\t\"H\n\x19\x43reateEnvironmentResponse\x12+\n\x0b\x65nvironment\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Environment\"E\n\x15GetEnvironmentRequest\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\t\x12\x14\n\x0cinclude_lock\x18\x02 \x01(\x08\"S\n\x16GetEnvironmentResponse\x12+\n\x0b\x65nvironment\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Environment\x12\x0c\n\x04lock\x18\x02 \x01(\t\"@\n\x17ListEnvironmentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"a\n\x18ListEnvironmentsResponse\x12,\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x16.simrun.v1.Environment\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"1\n\x17WatchEnvironmentRequest\x12\x16\n\x0e\x65nvironment_id\x18\x01 \x01(\t\"Z\n\x18WatchEnvironmentResponse\x12+\n\x0b\x65nvironment\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Environment\x12\x11\n\tlog_lines\x18\x02 \x03(\t2\x8e\x03\n\x19\x45nvironmentBuilderService\x12^\n\x11\x43reateEnvironment\x12#.simrun.v1.CreateEnvironmentRequest\x1a$.simrun.v1.CreateEnvironmentResponse\x12U\n\x0eGetEnvironment\x12 .simrun.v1.GetEnvironmentRequest\x1a!.simrun.v1.GetEnvironmentResponse\x12[\n\x10ListEnvironments\x12\".simrun.v1.ListEnvironmentsRequest\x1a#.simrun.v1.ListEnvironmentsResponse\x12]\n\x10WatchEnvironment\x12\".simrun.v1.WatchEnvironmentRequest\x1a#.simrun.v1.WatchEnvironmentResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEENVIRONMENTRESPONSE']._serialized_start=157
   _globals['_CREATEENVIRONMENTRESPONSE']._serialized_end=229
   _globals['_GETENVIRONMENTREQUEST']._serialized_start=231
-  _globals['_GETENVIRONMENTREQUEST']._serialized_end=278
-  _globals['_GETENVIRONMENTRESPONSE']._serialized_start=280
-  _globals['_GETENVIRONMENTRESPONSE']._serialized_end=349
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=351
-  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=415
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=417
-  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=514
-  _globals['_ENVIRONMENTBUILDERSERVICE']._serialized_start=517
-  _globals['_ENVIRONMENTBUILDERSERVICE']._serialized_end=820
+  _globals['_GETENVIRONMENTREQUEST']._serialized_end=300
+  _globals['_GETENVIRONMENTRESPONSE']._serialized_start=302
+  _globals['_GETENVIRONMENTRESPONSE']._serialized_end=385
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_start=387
+  _globals['_LISTENVIRONMENTSREQUEST']._serialized_end=451
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_start=453
+  _globals['_LISTENVIRONMENTSRESPONSE']._serialized_end=550
+  _globals['_WATCHENVIRONMENTREQUEST']._serialized_start=552
+  _globals['_WATCHENVIRONMENTREQUEST']._serialized_end=601
+  _globals['_WATCHENVIRONMENTRESPONSE']._serialized_start=603
+  _globals['_WATCHENVIRONMENTRESPONSE']._serialized_end=693
+  _globals['_ENVIRONMENTBUILDERSERVICE']._serialized_start=696
+  _globals['_ENVIRONMENTBUILDERSERVICE']._serialized_end=1094
 # @@protoc_insertion_point(module_scope)

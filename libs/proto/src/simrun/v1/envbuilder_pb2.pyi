@@ -28,7 +28,7 @@ class CreateEnvironmentRequest(_message.Message):
     SNAPSHOTS_FIELD_NUMBER: _builtins.int
     PYTHON_VERSION_FIELD_NUMBER: _builtins.int
     python_version: _builtins.str
-    """Python version, e.g. 3.11; empty for the service's default."""
+    """Python version, e.g. 3.11; empty to choose it from the model's requires-python among the installed ones."""
     @_builtins.property
     def snapshots(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Snapshot]:
         """The snapshots; the first is the model."""
@@ -78,16 +78,20 @@ class GetEnvironmentRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_LOCK_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.str
     """Its id."""
+    include_lock: _builtins.bool
+    """Also return its uv.lock (a run keeps it as its environment.lock)."""
     def __init__(
         self,
         *,
         environment_id: _builtins.str = ...,
+        include_lock: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id", "include_lock", b"include_lock"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -100,6 +104,9 @@ class GetEnvironmentResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    LOCK_FIELD_NUMBER: _builtins.int
+    lock: _builtins.str
+    """Its uv.lock, when asked for; empty for the default environment."""
     @_builtins.property
     def environment(self) -> _common_pb2.Environment:
         """The environment."""
@@ -108,10 +115,11 @@ class GetEnvironmentResponse(_message.Message):
         self,
         *,
         environment: _common_pb2.Environment | None = ...,
+        lock: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "lock", b"lock"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -170,3 +178,55 @@ class ListEnvironmentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListEnvironmentsResponse: _TypeAlias = ListEnvironmentsResponse  # noqa: Y015
+
+@_typing.final
+class WatchEnvironmentRequest(_message.Message):
+    """The environment to watch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_ID_FIELD_NUMBER: _builtins.int
+    environment_id: _builtins.str
+    """Its id."""
+    def __init__(
+        self,
+        *,
+        environment_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment_id", b"environment_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchEnvironmentRequest: _TypeAlias = WatchEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class WatchEnvironmentResponse(_message.Message):
+    """The environment's state and the lines its build logged since the last message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    LOG_LINES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def environment(self) -> _common_pb2.Environment:
+        """The environment now."""
+
+    @_builtins.property
+    def log_lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """New lines of the build's log, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        environment: _common_pb2.Environment | None = ...,
+        log_lines: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "log_lines", b"log_lines"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchEnvironmentResponse: _TypeAlias = WatchEnvironmentResponse  # noqa: Y015

@@ -50,6 +50,11 @@ class EnvironmentBuilderServiceStub:
                 request_serializer=simrun_dot_v1_dot_envbuilder__pb2.ListEnvironmentsRequest.SerializeToString,
                 response_deserializer=simrun_dot_v1_dot_envbuilder__pb2.ListEnvironmentsResponse.FromString,
                 _registered_method=True)
+        self.WatchEnvironment = channel.unary_stream(
+                '/simrun.v1.EnvironmentBuilderService/WatchEnvironment',
+                request_serializer=simrun_dot_v1_dot_envbuilder__pb2.WatchEnvironmentRequest.SerializeToString,
+                response_deserializer=simrun_dot_v1_dot_envbuilder__pb2.WatchEnvironmentResponse.FromString,
+                _registered_method=True)
 
 
 class EnvironmentBuilderServiceServicer:
@@ -77,6 +82,13 @@ class EnvironmentBuilderServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchEnvironment(self, request, context):
+        """Streams an environment's build progress until it is READY or FAILED. Returns NOT_FOUND when it does not exist.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EnvironmentBuilderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +106,11 @@ def add_EnvironmentBuilderServiceServicer_to_server(servicer, server):
                     servicer.ListEnvironments,
                     request_deserializer=simrun_dot_v1_dot_envbuilder__pb2.ListEnvironmentsRequest.FromString,
                     response_serializer=simrun_dot_v1_dot_envbuilder__pb2.ListEnvironmentsResponse.SerializeToString,
+            ),
+            'WatchEnvironment': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEnvironment,
+                    request_deserializer=simrun_dot_v1_dot_envbuilder__pb2.WatchEnvironmentRequest.FromString,
+                    response_serializer=simrun_dot_v1_dot_envbuilder__pb2.WatchEnvironmentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -178,6 +195,33 @@ class EnvironmentBuilderService:
             '/simrun.v1.EnvironmentBuilderService/ListEnvironments',
             simrun_dot_v1_dot_envbuilder__pb2.ListEnvironmentsRequest.SerializeToString,
             simrun_dot_v1_dot_envbuilder__pb2.ListEnvironmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/simrun.v1.EnvironmentBuilderService/WatchEnvironment',
+            simrun_dot_v1_dot_envbuilder__pb2.WatchEnvironmentRequest.SerializeToString,
+            simrun_dot_v1_dot_envbuilder__pb2.WatchEnvironmentResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,8 @@ class EnvironmentBuilderServiceStub:
     """Gets an environment. Returns NOT_FOUND when it does not exist."""
     ListEnvironments: _grpc.UnaryUnaryMultiCallable[_envbuilder_pb2.ListEnvironmentsRequest, _envbuilder_pb2.ListEnvironmentsResponse]
     """Lists environments, newest first. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+    WatchEnvironment: _grpc.UnaryStreamMultiCallable[_envbuilder_pb2.WatchEnvironmentRequest, _envbuilder_pb2.WatchEnvironmentResponse]
+    """Streams an environment's build progress until it is READY or FAILED. Returns NOT_FOUND when it does not exist."""
 
 @_typing.type_check_only
 class EnvironmentBuilderServiceAsyncStub(EnvironmentBuilderServiceStub):
@@ -51,6 +53,8 @@ class EnvironmentBuilderServiceAsyncStub(EnvironmentBuilderServiceStub):
     """Gets an environment. Returns NOT_FOUND when it does not exist."""
     ListEnvironments: _aio.UnaryUnaryMultiCallable[_envbuilder_pb2.ListEnvironmentsRequest, _envbuilder_pb2.ListEnvironmentsResponse]  # type: ignore[assignment]
     """Lists environments, newest first. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+    WatchEnvironment: _aio.UnaryStreamMultiCallable[_envbuilder_pb2.WatchEnvironmentRequest, _envbuilder_pb2.WatchEnvironmentResponse]  # type: ignore[assignment]
+    """Streams an environment's build progress until it is READY or FAILED. Returns NOT_FOUND when it does not exist."""
 
 class EnvironmentBuilderServiceServicer(metaclass=_abc_1.ABCMeta):
     """Locks the dependencies of a run's snapshots and builds its environment once per lock."""
@@ -78,5 +82,13 @@ class EnvironmentBuilderServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_envbuilder_pb2.ListEnvironmentsResponse, _abc.Awaitable[_envbuilder_pb2.ListEnvironmentsResponse]]:
         """Lists environments, newest first. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+
+    @_abc_1.abstractmethod
+    def WatchEnvironment(
+        self,
+        request: _envbuilder_pb2.WatchEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_envbuilder_pb2.WatchEnvironmentResponse], _abc.AsyncIterator[_envbuilder_pb2.WatchEnvironmentResponse]]:
+        """Streams an environment's build progress until it is READY or FAILED. Returns NOT_FOUND when it does not exist."""
 
 def add_EnvironmentBuilderServiceServicer_to_server(servicer: EnvironmentBuilderServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

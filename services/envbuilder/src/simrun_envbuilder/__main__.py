@@ -1,0 +1,48 @@
+"""Serves the environment builder alone: `python -m simrun_envbuilder --config server.yaml --address HOST:PORT`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+from simrun_core.config import ServerConfig
+from simrun_core.identity import TokenRegistry
+
+from simrun_envbuilder.builder import EnvironmentBuilder
+from simrun_envbuilder.convert import settings_from_config
+from simrun_envbuilder.server import create_server
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m simrun_envbuilder", description=__doc__)
+    parser.add_argument("--config", type=Path, help="server config (store, environments:); defaults without it")
+    parser.add_argument("--store", type=Path, help="root of the run store (overrides the config's)")
+    parser.add_argument("--address", default="127.0.0.1:50055", help="host:port to listen on (default %(default)s)")
+    parser.add_argument("--tokens", type=Path, help="tokens file; without it calls need no token")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = ServerConfig.load(args.config) if args.config else ServerConfig()
+    if args.store:
+        config = config.model_copy(update={"store": args.store})
+    builder = EnvironmentBuilder(settings_from_config(config))
+    tokens = TokenRegistry.load(args.tokens) if args.tokens else None
+    bound = create_server(builder, args.address, tokens).start()
+    logging.getLogger("simrun_envbuilder").info("building environments in %s on port %d", builder.root, bound.port)
+    stopped = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopped.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    stopped.wait()
+    bound.stop()
+    builder.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,245 @@
+"""Images of environments for a cluster: the Dockerfile of the concepts page, its name, the registry, BuildKit.
+
+The build context holds the Dockerfile, the lock project's `pyproject.toml` and `uv.lock`, and the runtime wheel,
+no snapshot: the code comes from the snapshots a pod mounts. Layers: the base image by digest, the Debian
+`system-packages` (and git when a locked package comes from git), uv, the locked dependencies with uv's downloads
+in a BuildKit cache mount and their bytecode compiled, simrun-runtime last, so a new simrun rebuilds one layer.
+There is no `# syntax=` line: it would pull a frontend image from a public hub.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from simrun_core.errors import InvalidArgument
+
+from simrun_envbuilder.venv import BuildError, Progress, run_logged
+
+VENV = "/opt/simrun/venv"
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+
+
+class RegistryError(RuntimeError):
+    """The registry did not say whether it has an image: an error, never taken for "it exists"."""
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    """Where images are built and pushed.
+
+    Attributes:
+        registry: host[:port] of the registry, e.g. `zot.simrun.svc:5000`.
+        repository: the repository of environments in it, e.g. `simrun/environments`.
+        base_images: the base image by digest (`name@sha256:…`) of each Python version, e.g. `{"3.11": …}`.
+        insecure: the registry speaks plain HTTP (a registry on loopback or inside the cluster).
+        buildctl: the BuildKit client command, and `buildkit_addr` the daemon's address (`tcp://buildkitd:1234`).
+        ca_bundle: a CA bundle the image needs to reach the index (a proxy or a private CA); copied into it.
+        uv_version: the uv the image installs.
+    """
+
+    registry: str
+    repository: str
+    base_images: dict[str, str]
+    insecure: bool = False
+    buildctl: tuple[str, ...] = ("buildctl",)
+    buildkit_addr: str = ""
+    ca_bundle: Path | None = None
+    uv_version: str = "0.13.9"
+    index_url: str = ""
+    username: str = ""
+    password: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        for version, image in self.base_images.items():
+            if not _DIGEST.search(image):
+                raise InvalidArgument(f"the base image of Python {version} must be named by digest (…@sha256:…)")
+
+
+def render_dockerfile(
+    settings: ImageSettings, python_version: str, system_packages: list[str], uses_git: bool, runtime_wheel: str
+) -> str:
+    """The Dockerfile of an environment; its text is part of the image's name."""
+    base = settings.base_images.get(python_version)
+    if base is None:
+        raise InvalidArgument(f"no base image for Python {python_version}: configure one in environments.images")
+    packages = sorted({*system_packages, *(["git"] if uses_git else [])})
+    lines = [f"FROM {base}", "ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1"]
+    if settings.ca_bundle is not None:
+        lines += [
+            "COPY ca-bundle.crt /etc/ssl/certs/simrun-ca-bundle.crt",
+            "ENV SSL_CERT_FILE=/etc/ssl/certs/simrun-ca-bundle.crt PIP_CERT=/etc/ssl/certs/simrun-ca-bundle.crt",
+        ]
+    if packages:
+        lines.append(
+            "RUN apt-get update && apt-get install -y --no-install-recommends "
+            + " ".join(packages)
+            + " && rm -rf /var/lib/apt/lists/*"
+        )
+    lines += [
+        f"RUN python{python_version} -m pip install uv=={settings.uv_version}",
+        "WORKDIR /opt/simrun/lock",
+        "COPY pyproject.toml uv.lock ./",
+        f"ENV UV_PROJECT_ENVIRONMENT={VENV} UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy",
+        "RUN --mount=type=cache,target=/root/.cache/uv "
+        f"uv venv --python python{python_version} {VENV} && "
+        "uv sync --frozen --no-install-local --no-install-package simrun-runtime"
+        + (f" --default-index {settings.index_url}" if settings.index_url else ""),
+        f"COPY {runtime_wheel} /opt/simrun/",
+        f"RUN uv pip install --python {VENV}/bin/python --no-deps --offline --compile-bytecode "
+        f"/opt/simrun/{runtime_wheel}",
+        f"ENV VIRTUAL_ENV={VENV} PATH={VENV}/bin:$PATH",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def image_tag(identity: str, python_version: str, runtime_version: str, dockerfile: str) -> str:
+    """The image's tag: a hash of the lock's third-party packages, Python, simrun and the Dockerfile."""
+    body = json.dumps([identity, python_version, runtime_version, hashlib.sha256(dockerfile.encode()).hexdigest()])
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def write_context(folder: Path, dockerfile: str, lock_project: Path, settings: ImageSettings) -> None:
+    """The build context: the Dockerfile, pyproject.toml, uv.lock and the runtime wheel (and the CA bundle)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "Dockerfile").write_text(dockerfile)
+    for name in ("pyproject.toml", "uv.lock"):
+        shutil.copyfile(lock_project / name, folder / name)
+    for wheel in lock_project.glob("*.whl"):
+        shutil.copyfile(wheel, folder / wheel.name)
+    if settings.ca_bundle is not None:
+        shutil.copyfile(settings.ca_bundle, folder / "ca-bundle.crt")
+
+
+class RegistryClient:
+    """Asks an OCI registry (distribution, Zot) whether it has a manifest, following a token challenge."""
+
+    def __init__(self, settings: ImageSettings, timeout_s: float = 15.0) -> None:
+        self._base = f"{'http' if settings.insecure else 'https'}://{settings.registry}"
+        self._username = settings.username
+        self._password = settings.password
+        self._timeout_s = timeout_s
+        self._context = ssl.create_default_context(cafile=str(settings.ca_bundle) if settings.ca_bundle else None)
+        self._token: str | None = None
+
+    def digest(self, repository: str, reference: str) -> str | None:
+        """The digest of `repository:reference`, or None when the registry says it has none (404).
+
+        Raises:
+            RegistryError: any other answer, or no answer: the caller must not assume the image exists.
+        """
+        url = f"{self._base}/v2/{repository}/manifests/{reference}"
+        headers = {"Accept": ", ".join(MANIFEST_TYPES)}
+        for attempt in range(2):
+            if self._token:
+                headers["Authorization"] = self._token
+            request = urllib.request.Request(url, method="HEAD", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._context) as response:
+                    digest = response.headers.get("Docker-Content-Digest")
+                    if not digest:
+                        raise RegistryError(f"{url} answered without Docker-Content-Digest")
+                    return str(digest)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return None
+                if exc.code == 401 and attempt == 0:
+                    self._token = self._authorize(exc.headers.get("WWW-Authenticate", ""))
+                    continue
+                raise RegistryError(f"{url} answered {exc.code} {exc.reason}") from None
+            except (urllib.error.URLError, OSError) as exc:
+                raise RegistryError(f"cannot reach the registry at {self._base}: {exc}") from None
+        raise RegistryError(f"{url} refused the credentials")
+
+    def _authorize(self, challenge: str) -> str:
+        """The Authorization header a 401 challenge asks for: Basic with the credentials, or a Bearer token."""
+        scheme, _, params = challenge.partition(" ")
+        basic = base64.b64encode(f"{self._username}:{self._password}".encode()).decode()
+        if scheme.lower() == "basic":
+            if not self._username:
+                raise RegistryError("the registry asks for credentials and none are configured")
+            return f"Basic {basic}"
+        if scheme.lower() != "bearer":
+            raise RegistryError(f"the registry asks for {scheme or 'an unknown'} authentication")
+        fields = dict(re.findall(r'(\w+)="([^"]*)"', params))
+        if "realm" not in fields:
+            raise RegistryError("the registry's token challenge names no realm")
+        query = urllib.parse.urlencode({k: v for k, v in fields.items() if k in ("service", "scope")})
+        request = urllib.request.Request(f"{fields['realm']}?{query}")
+        if self._username:
+            request.add_header("Authorization", f"Basic {basic}")
+        try:
+            with urllib.request.urlopen(request, timeout=self._timeout_s, context=self._context) as response:
+                data = json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise RegistryError(f"the registry's token service failed: {exc}") from None
+        token = data.get("token") or data.get("access_token")
+        if not token:
+            raise RegistryError("the registry's token service answered without a token")
+        return f"Bearer {token}"
+
+
+class BuildKit:
+    """Builds a context with BuildKit and pushes the image: `buildctl build … --output type=image,push=true`."""
+
+    def __init__(self, settings: ImageSettings) -> None:
+        self._settings = settings
+
+    def command(self, context: Path, image: str, metadata: Path) -> list[str]:
+        s = self._settings
+        output = f"type=image,name={image},push=true" + (",registry.insecure=true" if s.insecure else "")
+        return [
+            *s.buildctl,
+            *(["--addr", s.buildkit_addr] if s.buildkit_addr else []),
+            "build",
+            "--frontend",
+            "dockerfile.v0",
+            "--local",
+            f"context={context}",
+            "--local",
+            f"dockerfile={context}",
+            "--output",
+            output,
+            "--metadata-file",
+            str(metadata),
+            "--progress",
+            "plain",
+        ]
+
+    def build(self, context: Path, image: str, log: Path, progress: Progress, timeout_s: float = 3600.0) -> str:
+        """Builds and pushes; returns the pushed image's digest from BuildKit's metadata file.
+
+        Raises:
+            BuildError: the build failed, with BuildKit's reason and the log's tail.
+        """
+        metadata = context.parent / "metadata.json"
+        run_logged(self.command(context, image, metadata), "buildctl build", log, progress, _env(), timeout_s=timeout_s)
+        try:
+            digest = json.loads(metadata.read_text())["containerimage.digest"]
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            raise BuildError(f"buildctl wrote no image digest ({exc})") from None
+        return str(digest)
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ)
+
+
+__all__ = ["VENV", "BuildKit", "ImageSettings", "RegistryClient", "RegistryError", "render_dockerfile"]

@@ -1,0 +1,343 @@
+"""Local environments: a venv per environment built once from its lock, and a per-run overlay of the snapshots.
+
+A venv shared by runs of different code cannot hold editable installs (their `.pth` and dist-info name one
+snapshot), so each run gets an overlay: a small venv whose `.pth` adds the shared venv's site-packages with
+`site.addsitedir` (so the shared venv's own `.pth` files apply), and the run's snapshots installed editable into it
+offline, without build isolation (the backends are in the shared venv). Both are built under a file lock and marked
+ready by a file written last: concurrent requests build once, a half-built one is removed and built again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from simrun_envbuilder.lock import UvSettings, reason
+from simrun_envbuilder.pythons import Interpreter
+
+READY = "ready"
+LOG_TAIL_LINES = 20
+
+Progress = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """A step of a build failed; the message names the step and quotes the tool's reason."""
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive `flock` on `path` (made if missing): one builder per environment across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def is_locked(path: Path) -> bool:
+    """Whether a process holds the `flock` on `path` now (a build under way somewhere on this machine)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock this probe took
+    return False
+
+
+def is_ready(folder: Path) -> bool:
+    return (folder / READY).is_file()
+
+
+def mark_ready(folder: Path) -> None:
+    temp = folder / f".{READY}.{os.getpid()}"
+    temp.write_text(f"{time.time()}\n")
+    os.replace(temp, folder / READY)
+
+
+def remove(folder: Path) -> None:
+    """Removes a folder (a half-built or expired environment); unmarks it first so no reader takes it as ready."""
+    with contextlib.suppress(FileNotFoundError):
+        (folder / READY).unlink()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def python_of(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted((venv / "lib").glob("python3*/site-packages"))
+    if not found:
+        raise BuildError(f"{venv} has no site-packages")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class VenvBuild:
+    """The steps of building a shared venv from a lock project (pyproject.toml, uv.lock, the runtime wheel)."""
+
+    uv: UvSettings
+    interpreter: Interpreter
+    project: Path
+    venv: Path
+    runtime_wheel: Path
+    log: Path
+
+    def run(self, progress: Progress) -> None:
+        """Creates the venv, installs the locked third-party packages, then simrun-runtime last.
+
+        Raises:
+            BuildError: a step failed, with uv's reason and the log's tail.
+        """
+        version = ".".join(map(str, self.interpreter.version))
+        progress(f"installing the locked packages into a venv with Python {version}")
+        # uv sync makes the venv itself (UV_PROJECT_ENVIRONMENT): one process fewer than `uv venv` first.
+        self._uv(
+            [
+                "sync",
+                "--python",
+                self.interpreter.path,
+                "--frozen",
+                "--no-install-local",
+                "--no-install-package",
+                "simrun-runtime",
+                *self.uv.index_args(),
+            ],
+            "uv sync",
+            progress,
+            env={"UV_PROJECT_ENVIRONMENT": str(self.venv)},
+            cwd=self.project,
+        )
+        progress("installing simrun-runtime")
+        self._uv(
+            [
+                "pip",
+                "install",
+                "--python",
+                str(python_of(self.venv)),
+                "--no-deps",
+                "--offline",
+                str(self.runtime_wheel),
+            ],
+            "installing simrun-runtime",
+            progress,
+        )
+
+    def _uv(
+        self,
+        args: list[str],
+        step: str,
+        progress: Progress,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        run_logged(
+            [*self.uv.command, *args],
+            step,
+            self.log,
+            progress,
+            {**self.uv.env(self.interpreter), **(env or {})},
+            cwd,
+            self.uv.timeout_s,
+        )
+
+
+def run_logged(
+    command: list[str],
+    step: str,
+    log: Path,
+    progress: Progress,
+    env: dict[str, str],
+    cwd: Path | None = None,
+    timeout_s: float = 900.0,
+) -> None:
+    """Runs one step of a build with its output appended to the build's log, each line also sent to `progress`."""
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        try:
+            proc = subprocess.Popen(
+                command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        except OSError as exc:
+            raise BuildError(f"{step} could not start: {exc}") from exc
+        lines: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        with proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                lines.append(line.rstrip())
+                if line.strip():
+                    progress(line.rstrip())
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    break
+            code = proc.wait()
+    if code != 0:
+        raise BuildError(f"{step} failed (exit {code}): {reason(chr(10).join(lines))}\nlog tail:\n{tail(log)}")
+
+
+def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def compile_bytecode(venv: Path, log: Path) -> bool:
+    """Compiles the venv's site-packages to bytecode, so pods do not compile what they import; True if it did.
+
+    Runs after the venv is marked ready: `py_compile` replaces each `.pyc` atomically, so a pod importing at the
+    same time reads a whole file or none.
+    """
+    with log.open("a") as out:
+        code = subprocess.run(
+            [str(python_of(venv)), "-m", "compileall", "-q", "-j", "0", str(site_packages(venv))],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        ).returncode
+    return code == 0
+
+
+def make_overlay(base_venv: Path, overlay: Path, editables: list[Path], log: Path) -> Path:
+    """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter: a bare venv, a
+    `.pth` adding the shared site-packages, and the snapshots' editable wheels built by their backends offline.
+
+    Raises:
+        BuildError: the venv or an editable install failed, with uv's reason.
+    """
+    _bare_venv(base_venv, overlay)
+    shared = site_packages(base_venv)
+    (site_packages(overlay) / "_simrun_environment.pth").write_text(f"import site; site.addsitedir({str(shared)!r})\n")
+    if editables:
+        wheels = _editable_wheels(python_of(overlay), editables, overlay / ".editables", log)
+        target = site_packages(overlay)
+        for wheel in wheels:
+            install_wheel(wheel, target)
+        shutil.rmtree(overlay / ".editables", ignore_errors=True)
+    return python_of(overlay)
+
+
+_EDITABLE_FRONTEND = r"""
+import importlib, json, os, sys, tomllib
+out, results = sys.argv[1], []
+for index, source in enumerate(sys.argv[2:]):
+    with open(os.path.join(source, "pyproject.toml"), "rb") as f:
+        system = tomllib.load(f).get("build-system", {})
+    backend = system.get("build-backend", "setuptools.build_meta:__legacy__")
+    sys.path[:0] = [os.path.join(source, p) for p in system.get("backend-path", [])]
+    os.chdir(source)
+    module, _, attrs = backend.partition(":")
+    hooks = importlib.import_module(module)
+    for attr in filter(None, attrs.split(".")):
+        hooks = getattr(hooks, attr)
+    if not hasattr(hooks, "build_editable"):
+        sys.exit(f"the build backend {backend} of {source} cannot install editable (no PEP 660 build_editable)")
+    folder = os.path.join(out, str(index))
+    os.makedirs(folder)
+    results.append(os.path.join(folder, hooks.build_editable(folder)))
+print(json.dumps(results))
+"""
+
+
+def _editable_wheels(python: Path, sources: list[Path], dest: Path, log: Path) -> list[Path]:
+    """Builds the editable wheels of `sources` with their own backends (PEP 660), all in one process of the
+    overlay's interpreter, where the shared venv provides the backends: one backend import instead of one per
+    hook and source, offline."""
+    dest.mkdir(parents=True)
+    with log.open("a") as out:
+        out.write(f"$ building editable wheels of {', '.join(map(str, sources))}\n")
+        result = subprocess.run(
+            [str(python), "-c", _EDITABLE_FRONTEND, str(dest), *map(str, sources)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        out.write(result.stdout)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise BuildError(f"building the snapshots editable failed: {reason(result.stdout)}")
+    return [Path(p) for p in json.loads(lines[-1])]
+
+
+def install_wheel(wheel: Path, site: Path) -> None:
+    """Installs a pure wheel (an editable one: a `.pth`, a finder, its dist-info) into `site`, as an installer
+    would: its purelib and platlib files, its dist-info with INSTALLER and a RECORD of what was written.
+
+    An editable wheel is a few small files; unpacking them here costs milliseconds where an installer process
+    costs a start and an interpreter query per overlay.
+
+    Raises:
+        BuildError: a member that would land outside `site`, or scripts, headers or data the overlay cannot hold.
+    """
+    written: list[str] = []
+    with zipfile.ZipFile(wheel) as archive:
+        dist_info = next(n.split("/")[0] for n in archive.namelist() if n.split("/")[0].endswith(".dist-info"))
+        for member in archive.infolist():
+            if member.is_dir():
+                continue
+            name = member.filename
+            top, _, rest = name.partition("/")
+            if top.endswith(".data"):
+                kind, _, rest = rest.partition("/")
+                if kind not in ("purelib", "platlib"):
+                    continue  # scripts, headers and data: pods run `python -m`, an editable wheel has none to speak of
+                name = rest
+            dest = (site / name).resolve()
+            if site.resolve() not in dest.parents:
+                raise BuildError(f"{wheel.name}: member {member.filename!r} lands outside site-packages")
+            if name.endswith("/RECORD") and name.startswith(dist_info):
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(archive.read(member))
+            written.append(dest.relative_to(site.resolve()).as_posix())
+    (site / dist_info / "INSTALLER").write_text("simrun\n")
+    written.append(f"{dist_info}/INSTALLER")
+    (site / dist_info / "RECORD").write_text("".join(f"{path},,\n" for path in [*written, f"{dist_info}/RECORD"]))
+
+
+def _bare_venv(base_venv: Path, overlay: Path) -> None:
+    """A venv without pip or scripts made by hand (what `uv venv` makes, in a millisecond instead of a process):
+    the shared venv's `pyvenv.cfg`, `bin/python` naming the same base interpreter, an empty site-packages."""
+    config = (base_venv / "pyvenv.cfg").read_text()
+    base = Path(os.path.realpath(python_of(base_venv)))
+    lib = site_packages(base_venv).relative_to(base_venv)
+    (overlay / lib).mkdir(parents=True)
+    (overlay / "bin").mkdir()
+    (overlay / "pyvenv.cfg").write_text(config)
+    for name in ("python", "python3", lib.parent.name):
+        (overlay / "bin" / name).symlink_to(base)
+    if (base_venv / "lib64").is_symlink():
+        (overlay / "lib64").symlink_to("lib")
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes a folder takes on disk (blocks), not following symlinks."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in filenames + dirnames:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+    return total

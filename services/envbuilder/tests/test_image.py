@@ -1,0 +1,190 @@
+"""Images for a cluster: the Dockerfile, the registry client against a real registry on loopback (Debian's
+docker-registry, the CNCF distribution registry), and the builder's image flow with BuildKit's client replaced by a
+script that pushes to that real registry (BuildKit does not run here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from simrun_core.errors import InvalidArgument
+from simrun_envbuilder.builder import BuilderSettings, EnvironmentBuilder, EnvironmentState
+from simrun_envbuilder.image import ImageSettings, RegistryClient, RegistryError, render_dockerfile
+
+REGISTRY_BINARY = "/usr/bin/docker-registry"
+BASE = "docker.io/library/python:3.11-slim@sha256:" + "a" * 64
+
+PUSH = r'''
+import hashlib, json, sys, urllib.request
+
+def push(registry, repository, tag, text):
+    """Pushes an image of one config blob and no layer; returns the manifest's digest."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "simrun": text}).encode()
+    digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    start = urllib.request.Request(f"http://{registry}/v2/{repository}/blobs/uploads/", method="POST")
+    location = urllib.request.urlopen(start).headers["Location"]
+    if location.startswith("/"):
+        location = f"http://{registry}{location}"
+    sep = "&" if "?" in location else "?"
+    put = urllib.request.Request(f"{location}{sep}digest={digest}", data=config, method="PUT",
+                                 headers={"Content-Type": "application/octet-stream"})
+    urllib.request.urlopen(put)
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest, "size": len(config)},
+        "layers": []}).encode()
+    put = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{tag}", data=manifest, method="PUT",
+                                 headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    return urllib.request.urlopen(put).headers["Docker-Content-Digest"]
+'''
+
+FAKE_BUILDCTL = (
+    "#!{python}\n"
+    + PUSH
+    + r"""
+args = sys.argv[1:]
+with open({calls!r}, "a") as f:
+    f.write(json.dumps(args) + "\n")
+output = dict(kv.split("=", 1) for kv in args[args.index("--output") + 1].split(","))
+metadata = args[args.index("--metadata-file") + 1]
+context = [a.split("=", 1)[1] for a in args if a.startswith("context=")][0]
+dockerfile = open(context + "/Dockerfile").read()
+print("#1 [internal] load build definition from Dockerfile")
+registry, _, rest = output["name"].partition("/")
+repository, _, tag = rest.rpartition(":")
+digest = push(registry, repository, tag, dockerfile)
+json.dump({"containerimage.digest": digest}, open(metadata, "w"))
+print("#9 pushing manifest done")
+"""
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real distribution registry on loopback; `scripts/test` installs Debian's docker-registry when missing."""
+    if not os.access(REGISTRY_BINARY, os.X_OK):
+        pytest.skip("Debian's docker-registry is not installed (scripts/test installs it)")
+    folder = tmp_path_factory.mktemp("registry")
+    address = f"127.0.0.1:{free_port()}"
+    (folder / "config.yml").write_text(
+        f"version: 0.1\nlog: {{level: error}}\nstorage: {{filesystem: {{rootdirectory: {folder / 'data'}}}}}\n"
+        f"http: {{addr: {address}}}\n"
+    )
+    proc = subprocess.Popen(
+        [REGISTRY_BINARY, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{address}/v2/", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError("the registry did not start") from None
+                time.sleep(0.1)
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def push(registry: str, repository: str, tag: str, text: str) -> str:
+    namespace: dict[str, object] = {}
+    exec(PUSH, namespace)  # the same code the fake buildctl runs
+    return namespace["push"](registry, repository, tag, text)  # type: ignore[operator,no-any-return]
+
+
+def image_settings(registry: str, buildctl: tuple[str, ...] = ("buildctl",)) -> ImageSettings:
+    return ImageSettings(
+        registry=registry,
+        repository="simrun/environments",
+        base_images={"3.11": BASE},
+        insecure=True,
+        buildctl=buildctl,
+    )
+
+
+def test_the_registry_client_tells_missing_from_present_and_never_guesses(registry: str) -> None:
+    client = RegistryClient(image_settings(registry))
+    assert client.digest("simrun/environments", "nothere") is None
+    pushed = push(registry, "simrun/environments", "present", "x")
+    assert client.digest("simrun/environments", "present") == pushed
+    down = RegistryClient(image_settings(f"127.0.0.1:{free_port()}"))
+    with pytest.raises(RegistryError, match="cannot reach"):
+        down.digest("simrun/environments", "present")
+
+
+def test_the_dockerfile_has_the_concepts_pages_layers() -> None:
+    settings = image_settings("zot:5000")
+    text = render_dockerfile(settings, "3.11", ["libexpat1"], uses_git=True, runtime_wheel="simrun_runtime-0.1.whl")
+    lines = text.splitlines()
+    assert lines[0] == f"FROM {BASE}" and not any(line.startswith("# syntax") for line in lines)
+    assert "apt-get install -y --no-install-recommends git libexpat1" in text
+    assert "--mount=type=cache,target=/root/.cache/uv" in text and "UV_COMPILE_BYTECODE=1" in text
+    runs = [line for line in lines if line.startswith(("RUN", "COPY"))]
+    assert "simrun_runtime-0.1.whl" in runs[-1], "simrun is the last layer"
+    assert render_dockerfile(settings, "3.11", [], False, "w.whl").count("apt-get") == 0
+    with pytest.raises(InvalidArgument, match="by digest"):
+        ImageSettings(registry="r", repository="x", base_images={"3.11": "python:3.11-slim"})
+
+
+def test_an_image_is_built_once_then_found_in_the_registry(
+    registry: str, settings: BuilderSettings, kit, tmp_path: Path
+) -> None:
+    calls = tmp_path / "buildctl-calls"
+    fake = tmp_path / "buildctl"
+    fake.write_text(FAKE_BUILDCTL.replace("{python}", sys.executable).replace("{calls!r}", repr(str(calls))))
+    fake.chmod(0o755)
+    images = image_settings(registry, (str(fake),))
+    ref = kit.snapshot("tinymodel", kit.model_files())
+    builder = EnvironmentBuilder(replace(settings, images=images))
+    try:
+        environment = kit.wait_ready(builder, builder.resolve([ref]).environment_id)
+        assert environment.state is EnvironmentState.READY, environment.message
+        assert environment.image.startswith(f"{registry}/simrun/environments@sha256:") and not environment.interpreter
+        call = json.loads(calls.read_text().splitlines()[0])
+        assert call[:3] == ["build", "--frontend", "dockerfile.v0"]
+        assert f"type=image,name={registry}/simrun/environments:{environment.environment_id},push=true" in call[-5]
+        context = builder.root / "envs" / environment.environment_id / "context"
+        names = sorted(p.name for p in context.iterdir())
+        assert names[:2] == ["Dockerfile", "pyproject.toml"] and names[3] == "uv.lock" and len(names) == 4
+        assert names[2].startswith("simrun_runtime-"), "the context holds the lock project and the runtime, no code"
+    finally:
+        builder.close()
+    # Another builder (a restarted service, or another cluster's) finds the image in the registry: no build.
+    shutil.rmtree(settings.root)
+    again = EnvironmentBuilder(replace(settings, images=images))
+    try:
+        found = kit.wait_ready(again, again.resolve([ref]).environment_id)
+        assert found.image == environment.image and found.environment_id == environment.environment_id
+        assert len(calls.read_text().splitlines()) == 1
+    finally:
+        again.close()
+
+
+def test_a_registry_that_does_not_answer_fails_the_environment(settings: BuilderSettings, kit) -> None:
+    builder = EnvironmentBuilder(replace(settings, images=image_settings(f"127.0.0.1:{free_port()}")))
+    try:
+        environment = builder.resolve([kit.snapshot("tinymodel", kit.model_files())])
+        failed = kit.wait_ready(builder, environment.environment_id)
+        assert failed.state is EnvironmentState.FAILED
+        assert "the registry did not say whether it has the image" in failed.message
+        assert not (builder.root / "envs" / environment.environment_id).exists()
+    finally:
+        builder.close()
