@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,16 +78,27 @@ class Client:
         endpoint: `host:port` of the gateway; None for `simrun_core.config.DEFAULT_ENDPOINT`.
         token: the bearer token; None for `$SIMRUN_TOKEN`, else `$SIMRUN_HOME/token`.
         timeout_s: seconds a unary call may take (streams are not limited); None for no limit.
+        tls_ca: a CA bundle (PEM): connect with TLS and verify the gateway against it; None for
+            `$SIMRUN_TLS_CA`, else plaintext.
+        tls_cert, tls_key: a client certificate and its key, for a gateway that asks for mutual TLS.
     """
 
     def __init__(
-        self, endpoint: str | None = None, token: str | None = None, *, timeout_s: float | None = 120.0
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float | None = 120.0,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
     ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         self.token = client_token(token)
         self.timeout_s = timeout_s
+        tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
         # The channel sends the token as `authorization: Bearer …` on every call, uploads included.
-        self._channel = open_channel(self.endpoint, self.token)
+        self._channel = open_channel(self.endpoint, self.token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +17,67 @@ SUMMARY = "summary.json"
 MERGE_MARKER = ".merged"
 PROGRESS = "progress.jsonl"
 UNIT_COUNT = "count"
+
+WORKER_NAME = re.compile(r"w[0-9]{1,6}|exec|merge")
+"""The names of a task's pods, and of their logs `logs/<worker>.log`: `w0`…, `exec`, `merge`."""
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
+TASK_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class UnsafePath(ValueError):
+    """A name from a request that is not a store path component of its kind (`..`, `*`, `/`, too long)."""
+
+
+def checked(kind: str, value: str, pattern: re.Pattern[str]) -> str:
+    """`value` when it is a whole match of `pattern`, else `UnsafePath` naming what it must look like.
+
+    Every path the services build from a request goes through this (or `checked_path`), so a name never
+    becomes `..`, a glob, an absolute path or a component longer than the file system takes.
+    """
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise UnsafePath(f"{kind} {value!r} is not valid: it must match {pattern.pattern}")
+    return value
+
+
+def checked_path(root: Path, *components: str, pattern: re.Pattern[str] = NAME, kind: str = "name") -> Path:
+    """`root/components…` with each component checked against `pattern`.
+
+    Raises:
+        UnsafePath: a component that is not a plain name of its kind.
+    """
+    path = root
+    for component in components:
+        path = path / checked(kind, component, pattern)
+    return path
+
+
+def open_regular(path: Path) -> int:
+    """Opens a file of the store for reading without following a symbolic link at its last component, and
+    refuses anything but a regular file: a task may leave a link in its own folder pointing anywhere (the
+    tokens file), and the services read those folders with the server's rights.
+
+    Raises:
+        UnsafePath: a symbolic link, a FIFO, a device or a folder.
+        FileNotFoundError: nothing there.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the last component is a symbolic link
+            raise UnsafePath(f"{path} is a symbolic link; the store only serves regular files") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(f"{path} is not a regular file")
+    return fd
+
+
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """The bytes (at most `limit`) of a regular file of the store, refusing links and special files."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        return f.read() if limit is None else f.read(limit)
 
 
 @dataclass(frozen=True)
@@ -130,6 +195,10 @@ class TaskLayout:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    def log(self, worker: str) -> Path:
+        """The log of one pod, `logs/<worker>.log`; `UnsafePath` for a worker name no pod has."""
+        return self.logs / f"{checked('worker', worker, WORKER_NAME)}.log"
 
     @property
     def progress(self) -> Path:

@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import grpc
+from simrun_core.config import TlsConfig
 
 _FORWARDED_METADATA = ("authorization", "traceparent", "tracestate")
 _NO_DEADLINE_S = 10 * 365 * 24 * 3600.0
@@ -21,9 +22,12 @@ class ForwardingHandler(grpc.GenericRpcHandler):
     Messages pass through as bytes, so the gateway needs no change when a service gains a method.
     """
 
-    def __init__(self, routes: Mapping[str, str], streaming: Mapping[str, tuple[bool, bool]]) -> None:
-        """`routes`: full service name -> address; `streaming`: full method name -> (client, server) streaming."""
-        self._channels = {service: grpc.insecure_channel(address) for service, address in routes.items()}
+    def __init__(
+        self, routes: Mapping[str, str], streaming: Mapping[str, tuple[bool, bool]], tls: TlsConfig | None = None
+    ) -> None:
+        """`routes`: full service name -> address; `streaming`: full method name -> (client, server) streaming;
+        `tls`: the config's TLS (see `service_channel`), None for plaintext."""
+        self._channels = {service: service_channel(address, tls) for service, address in routes.items()}
         self._streaming = dict(streaming)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -71,6 +75,20 @@ class ForwardingHandler(grpc.GenericRpcHandler):
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
+
+
+def service_channel(address: str, tls: TlsConfig | None) -> grpc.Channel:
+    """A channel to a service apart: plaintext without `tls.ca`; else TLS verified against `tls.ca`, presenting
+    the config's own certificate when its servers ask for client certificates (`tls.client_ca`)."""
+    if tls is None or tls.ca is None:
+        return grpc.insecure_channel(address)
+    mutual = tls.client_ca is not None
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=tls.ca.read_bytes(),
+        private_key=tls.key.read_bytes() if mutual else None,
+        certificate_chain=tls.cert.read_bytes() if mutual else None,
+    )
+    return grpc.secure_channel(address, credentials)
 
 
 def _timeout(context: grpc.ServicerContext) -> float | None:

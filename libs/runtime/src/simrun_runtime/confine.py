@@ -1,0 +1,255 @@
+"""Confines a pod's processes with Linux Landlock: write only the task's own folders, read only what it needs.
+
+`python -m simrun_runtime.confine --read PATH… --write PATH… -- COMMAND…` restricts itself, then execs COMMAND,
+so every process of the pod (the runtime, its pool, the model's units, merges and commands) runs inside one
+Landlock domain that no descendant can leave. Paths not named are neither readable nor writable; the
+interpreter's own installation (its prefixes and `sys.path`) and a short list of system files are readable.
+
+Why Landlock (see DESIGN.md, "Containment"): it needs no privilege, works the same for root and other users,
+is enforced by the kernel on every path (a file's mode does not matter, so `chmod` of a snapshot file gains
+nothing), refuses hard links and renames out of read-only trees (`REFER`), and its scopes keep a pod from
+signalling or ptracing processes outside its domain (the server, other pods). Mount namespaces need root and
+leave signals open. Where the server runs as root the launcher also drops every capability before the exec,
+so a pod cannot load kernel modules, change the clock or bypass file modes.
+
+The standard library only (ctypes): this module ships in every image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROG = "simrun-confine"
+
+# System calls, the same numbers on x86_64 and aarch64 (the generic table).
+_SYS_CREATE_RULESET = 444
+_SYS_ADD_RULE = 445
+_SYS_RESTRICT_SELF = 446
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# Filesystem access rights (linux/landlock.h) and the ABI that introduced each.
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+REMOVE_DIR = 1 << 4
+REMOVE_FILE = 1 << 5
+MAKE_CHAR = 1 << 6
+MAKE_DIR = 1 << 7
+MAKE_REG = 1 << 8
+MAKE_SOCK = 1 << 9
+MAKE_FIFO = 1 << 10
+MAKE_BLOCK = 1 << 11
+MAKE_SYM = 1 << 12
+REFER = 1 << 13  # ABI 2: link or rename into another directory
+TRUNCATE = 1 << 14  # ABI 3
+IOCTL_DEV = 1 << 15  # ABI 5
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1  # ABI 6
+
+_ABI1 = (1 << 13) - 1
+_HANDLED_BY_ABI = {1: _ABI1, 2: _ABI1 | REFER, 3: _ABI1 | REFER | TRUNCATE, 4: _ABI1 | REFER | TRUNCATE}
+_FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+READ = EXECUTE | READ_FILE | READ_DIR
+WRITE = READ | WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO | MAKE_SYM
+WRITE |= REFER | TRUNCATE
+DEVICE = READ_FILE | WRITE_FILE | TRUNCATE | IOCTL_DEV
+
+SYSTEM_READ = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/proc",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/resolv.conf",
+    "/etc/gai.conf",
+    "/etc/protocols",
+    "/etc/services",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/mime.types",
+    "/etc/os-release",
+    "/etc/alternatives",
+)
+"""What every process reads of the system: programs and libraries, /proc (another process's private files stay
+closed: Landlock refuses ptrace access across domains), and the few files of /etc a runtime reads. Not /etc as a
+whole (it holds /etc/shadow and service credentials), not /home, /root, /tmp or /var."""
+
+SYSTEM_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+SYSTEM_WRITE = ("/dev/shm",)
+"""POSIX semaphores of `multiprocessing` live in /dev/shm."""
+
+
+class ConfineError(Exception):
+    """Landlock cannot be applied here: the kernel lacks it, or a rule is refused."""
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    libc.prctl.restype = ctypes.c_int
+    return libc
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of the running kernel; 0 where Landlock is missing or disabled."""
+    try:
+        libc = _libc()
+    except OSError:
+        return 0
+    version = libc.syscall(_SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return max(int(version), 0)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+@dataclass
+class Rules:
+    """Which paths a confined process may read and write; everything else is closed to it."""
+
+    read: list[Path] = field(default_factory=list)
+    write: list[Path] = field(default_factory=list)
+    devices: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def for_pod(cls, read: Iterable[Path | str], write: Iterable[Path | str]) -> Rules:
+        """The given paths plus what every process needs: the system, this interpreter's installation."""
+        return cls(
+            read=[Path(p) for p in (*SYSTEM_READ, *interpreter_paths(), *read)],
+            write=[Path(p) for p in (*SYSTEM_WRITE, *write)],
+            devices=[Path(p) for p in SYSTEM_DEVICES],
+        )
+
+
+def interpreter_paths() -> list[str]:
+    """This interpreter's installation: its prefixes and the entries of `sys.path` (editable installs included).
+
+    The first entry of `sys.path` is the script's folder or the working directory under `-m`, which is the
+    caller's business, not the interpreter's, and is left out.
+    """
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
+    paths.update(p for p in sys.path[1:] if p)
+    return sorted(paths)
+
+
+def apply(rules: Rules) -> int:
+    """Restricts this process (and every process it starts) to `rules`; returns the ABI used.
+
+    Raises:
+        ConfineError: Landlock is missing, or the kernel refuses a step.
+    """
+    abi = landlock_abi()
+    if abi < 1:
+        raise ConfineError("this kernel has no Landlock (Linux 5.13+ with lsm=landlock)")
+    libc = _libc()
+    handled = _HANDLED_BY_ABI.get(abi, _ABI1 | REFER | TRUNCATE | IOCTL_DEV)
+    attr = _RulesetAttr(handled, 0, SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else 16 if abi >= 4 else 8
+    ruleset = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise ConfineError(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    try:
+        for rights, paths in ((READ, rules.read), (WRITE, rules.write), (DEVICE, rules.devices)):
+            for path in paths:
+                _add_rule(libc, int(ruleset), path, rights & handled)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise ConfineError(f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
+        if libc.syscall(_SYS_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            raise ConfineError(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(int(ruleset))
+    return abi
+
+
+def _add_rule(libc: ctypes.CDLL, ruleset: int, path: Path, rights: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # a system path this machine lacks (/lib32), or a folder not made yet
+    try:
+        if not os.path.isdir(f"/proc/self/fd/{fd}"):
+            rights &= _FILE_RIGHTS
+        rule = _PathBeneathAttr(rights, fd)
+        if libc.syscall(_SYS_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH), ctypes.byref(rule), 0):
+            raise ConfineError(f"landlock_add_rule {path}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+
+
+def drop_capabilities() -> None:
+    """For root: empties the bounding and ambient sets, so the exec'd program holds no capability at all."""
+    if os.geteuid() != 0:
+        return
+    libc = _libc()
+    try:
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        last = 40
+    for cap in range(last + 1):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() not in (errno.EINVAL,):
+            raise ConfineError(f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(ctypes.get_errno())}")
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Confines itself to the given paths, then execs the command; exit 126 when it cannot confine."""
+    parser = argparse.ArgumentParser(prog=PROG, description="Run a command confined by Landlock.")
+    parser.add_argument("--read", action="append", default=[], type=Path, help="a path the command may read")
+    parser.add_argument("--write", action="append", default=[], type=Path, help="a path the command may write")
+    parser.add_argument("--umask", type=lambda s: int(s, 8), default=0o077, help="the command's umask (octal)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command: give it after --")
+    try:
+        apply(Rules.for_pod(args.read, args.write))
+        drop_capabilities()
+    except ConfineError as exc:
+        print(f"{PROG}: cannot confine the pod: {exc}", file=sys.stderr)
+        return 126
+    os.umask(args.umask)
+    try:
+        os.execvp(command[0], command)
+    except OSError as exc:
+        print(f"{PROG}: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 127  # unreachable: exec replaced the process
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
