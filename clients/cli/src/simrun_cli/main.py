@@ -13,6 +13,7 @@ from simrun_client.client import FINAL_RUN_STATES, Client
 from simrun_core.errors import SimrunError
 
 from simrun_cli import render
+from simrun_cli.admin import learned, tokens
 from simrun_cli.options import json_option, with_client
 from simrun_cli.server import server
 
@@ -36,6 +37,8 @@ def cli() -> None:
 
 
 cli.add_command(server)
+cli.add_command(tokens)
+cli.add_command(learned)
 
 workflow_argument = click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 model_option = click.option(

@@ -84,9 +84,7 @@ def open_channel(
     return channel
 
 
-def channel_credentials(
-    ca: Path, cert: Path | None = None, key: Path | None = None
-) -> grpc.ChannelCredentials:
+def channel_credentials(ca: Path, cert: Path | None = None, key: Path | None = None) -> grpc.ChannelCredentials:
     """TLS credentials that trust the CA bundle `ca`, presenting `cert`/`key` when both are given.
 
     Raises:

@@ -10,7 +10,15 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import grpc
-from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
+from simrun.v1 import (
+    common_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    learner_pb2,
+    learner_pb2_grpc,
+    tracker_pb2,
+    tracker_pb2_grpc,
+)
 from simrun_core.config import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
 from simrun_core.rpc.errors import to_domain_error
@@ -262,6 +270,25 @@ class Client:
             if not response.next_page_token:
                 return nodes
             request.page_token = response.next_page_token
+
+    def observations(self, task_type: str, model: str, cost_value: str = "") -> list[common_pb2.Observation]:
+        """Every observation the learner holds of a key, oldest first (the owner only)."""
+        key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
+        request = learner_pb2.ListObservationsRequest(key=key)
+        stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
+        found: list[common_pb2.Observation] = []
+        while True:
+            response = self._call(stub.ListObservations, request)
+            found.extend(response.observations)
+            if not response.next_page_token:
+                return found
+            request.page_token = response.next_page_token
+
+    def forget_observations(self, task_type: str, model: str, cost_value: str = "") -> int:
+        """Deletes every observation of a key, so it resolves from its type's hint again (the owner only)."""
+        key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
+        stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
+        return self._call(stub.DeleteObservations, learner_pb2.DeleteObservationsRequest(key=key)).deleted_count
 
     def _prepare(
         self, workflow_path: str | Path, model: str | Path | None, store: str | Path | None
