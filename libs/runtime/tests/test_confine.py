@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -79,6 +80,26 @@ def test_an_attack_is_refused_and_nothing_changes(
     assert result.stdout.strip() in (expected, "PermissionError", "OSError"), result.stdout
     assert tree["secret"].read_text() == "owner: alice\n"
     assert tree["snapshot"].read_text() == "X = 1\n"
+    assert stat.S_IMODE(tree["snapshot"].stat().st_mode) == 0o444
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pod of an unprivileged server owns no system file")
+def test_a_root_pod_cannot_change_modes_anywhere(tmp_path: Path, tree: dict[str, Path]) -> None:
+    """chmod is outside Landlock; for root the launcher mounts everything but the write paths read-only."""
+    target = os.path.realpath(sys.executable)
+    before = os.stat(target).st_mode
+    script = (
+        "import os, sys\n"
+        f"for path in ({target!r}, {str(tree['secret'])!r}):\n"
+        "    try:\n        os.chmod(path, 0o4777); print('changed')\n"
+        "    except OSError as exc:\n        print(exc.errno)\n"
+        f"open({str(tree['task'] / 'f')!r}, 'w').write('still writable')\n"
+    )
+    result = confined(tmp_path, script, read=[], write=[tree["task"]])
+    assert result.returncode == 0, result.stderr
+    assert "changed" not in result.stdout
+    assert os.stat(target).st_mode == before and stat.S_IMODE(tree["secret"].stat().st_mode) == 0o644
+    assert (tree["task"] / "f").read_text() == "still writable"
 
 
 def test_processes_outside_the_domain_cannot_be_signalled_or_inspected(tmp_path: Path) -> None:

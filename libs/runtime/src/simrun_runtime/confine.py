@@ -6,11 +6,13 @@ Landlock domain that no descendant can leave. Paths not named are neither readab
 interpreter's own installation (its prefixes and `sys.path`) and a short list of system files are readable.
 
 Why Landlock (see DESIGN.md, "Containment"): it needs no privilege, works the same for root and other users,
-is enforced by the kernel on every path (a file's mode does not matter, so `chmod` of a snapshot file gains
-nothing), refuses hard links and renames out of read-only trees (`REFER`), and its scopes keep a pod from
-signalling or ptracing processes outside its domain (the server, other pods). Mount namespaces need root and
-leave signals open. Where the server runs as root the launcher also drops every capability before the exec,
-so a pod cannot load kernel modules, change the clock or bypass file modes.
+is enforced by the kernel on every path (a file's mode does not matter, so making a snapshot file writable
+gains nothing), refuses hard links and renames out of read-only trees (`REFER`), and its scopes keep a pod from
+signalling or ptracing processes outside its domain (the server, other pods). Mount namespaces alone need root
+and leave signals open. Where the server runs as root the launcher adds both of what Landlock does not cover:
+a private mount namespace in which everything but the pod's write paths is mounted read-only (so `chmod`,
+`chown` and `utime` fail with EROFS), and it drops every capability before the exec (no kernel modules, no
+clock, no bypassing file modes).
 
 The standard library only (ctypes): this module ships in every image.
 """
@@ -38,6 +40,18 @@ _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_BIND = 4096
+_MS_REC = 16384
+_MS_PRIVATE = 1 << 18
+_KEEP_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
+_LEFT_WRITABLE = ("/proc", "/dev/shm")
+"""Mounts the read-only view keeps as they are: /proc (Landlock already refuses writes there) and /dev/shm."""
 
 # Filesystem access rights (linux/landlock.h) and the ABI that introduced each.
 EXECUTE = 1 << 0
@@ -210,6 +224,55 @@ def _add_rule(libc: ctypes.CDLL, ruleset: int, path: Path, rights: int) -> None:
         os.close(fd)
 
 
+def read_only_view(write: Sequence[Path]) -> None:
+    """For root: a private mount namespace in which every mount is read-only except the `write` paths.
+
+    Landlock governs opening, creating, linking and renaming, but not `chmod`, `chown` or `utime`: a pod running
+    as root (even without capabilities) owns the store's and the system's files and could change their modes
+    (a snapshot file made writable, a set-uid bit on a system binary). On a read-only mount those calls fail with
+    EROFS. Unprivileged servers need no such view: their pods own only the server user's files, which the
+    server's own 0700 home and store keep to themselves.
+
+    Raises:
+        ConfineError: the namespace or a mount cannot be made.
+    """
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+
+    def mount(source: str | None, target: str, flags: int) -> int:
+        return int(libc.mount(source.encode() if source else None, target.encode(), None, flags, None))
+
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        raise ConfineError(f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
+    if mount(None, "/", _MS_REC | _MS_PRIVATE) != 0:
+        raise ConfineError(f"making / private: {os.strerror(ctypes.get_errno())}")
+    for point, options in _mounts():
+        if any(point == keep or point.startswith(keep + "/") for keep in _LEFT_WRITABLE):
+            continue
+        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+        for name, flag in _KEEP_FLAGS.items():
+            if name in options:
+                flags |= flag
+        if mount(None, point, flags) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+            raise ConfineError(f"remounting {point} read-only: {os.strerror(ctypes.get_errno())}")
+    for path in write:
+        if not os.path.isdir(path):
+            continue
+        target = os.path.realpath(path)
+        if mount(target, target, _MS_BIND | _MS_REC) != 0 or mount(None, target, _MS_REMOUNT | _MS_BIND) != 0:
+            raise ConfineError(f"mounting {target} writable: {os.strerror(ctypes.get_errno())}")
+
+
+def _mounts() -> list[tuple[str, set[str]]]:
+    """The mount points of this namespace with their options, parents before children."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        point = fields[4].encode().decode("unicode_escape")
+        found.append((point, set(fields[5].split(","))))
+    return sorted(found, key=lambda item: item[0].count("/") if item[0] != "/" else 0)
+
+
 def drop_capabilities() -> None:
     """For root: empties the bounding and ambient sets, so the exec'd program holds no capability at all."""
     if os.geteuid() != 0:
@@ -237,6 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not command:
         parser.error("no command: give it after --")
     try:
+        if os.geteuid() == 0:
+            read_only_view(args.write)
         apply(Rules.for_pod(args.read, args.write))
         drop_capabilities()
     except ConfineError as exc:
