@@ -16,10 +16,11 @@ PROVENANCE = "provenance.json"
 SUMMARY = "summary.json"
 MERGE_MARKER = ".merged"
 PROGRESS = "progress.jsonl"
+FAILURE = "failure.json"
 UNIT_COUNT = "count"
 
 WORKER_NAME = re.compile(r"w[0-9]{1,6}|exec|merge")
-"""The names of a task's pods, and of their logs `logs/<worker>.log`: `w0`…, `exec`, `merge`."""
+"""The worker names of a task's pods: `w0` (coordinator or unsplit pod), `w1`… extra workers, `exec`, `merge`."""
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
 TASK_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -78,6 +79,14 @@ def read_regular(path: Path, limit: int | None = None) -> bytes:
     fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         return f.read() if limit is None else f.read(limit)
+
+
+
+def checked_worker(name: str) -> str:
+    """A worker name from a request, refused (`ValueError`) unless it is one the ledger uses: never a path or glob."""
+    if not isinstance(name, str) or not WORKER_NAME.fullmatch(name):
+        raise UnsafePath(f"no worker {name!r}: a worker is w0, w1, …, exec or merge")
+    return name
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,11 @@ class TaskLayout:
     def log(self, worker: str) -> Path:
         """The log of one pod, `logs/<worker>.log`; `UnsafePath` for a worker name no pod has."""
         return self.logs / f"{checked('worker', worker, WORKER_NAME)}.log"
+
+    @property
+    def failure(self) -> Path:
+        """Why the task failed, as the runtime saw it (the unit, the exception, the worker), written atomically."""
+        return self.root / FAILURE
 
     @property
     def progress(self) -> Path:
