@@ -6,6 +6,7 @@ import errno
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,65 @@ def open_regular(path: Path) -> int:
         os.close(fd)
         raise UnsafePath(f"{path} is not a regular file")
     return fd
+
+
+def open_beneath(root: Path, *parts: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """Opens `root/parts…` walking each component with O_NOFOLLOW, so no symbolic link a task left in its own
+    folder (a `logs` or `out` made a link to another run, the home, /etc) leads a service out of `root`.
+
+    Raises:
+        UnsafePath: a component is a symbolic link or not a folder, or the file is not a regular file.
+        FileNotFoundError: a component is missing (and `flags` does not create the file).
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(f"{root.joinpath(*parts)}: {part} is not a folder") from None
+                raise
+            os.close(fd)
+            fd = child
+        try:
+            leaf = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePath(f"{root.joinpath(*parts)} is a symbolic link") from None
+            raise
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise UnsafePath(f"{root.joinpath(*parts)} is not a regular file")
+    return leaf
+
+
+def read_beneath(root: Path, *parts: str, limit: int | None = None) -> bytes:
+    """The bytes (at most `limit`) of `root/parts…`, opened by `open_beneath`."""
+    with os.fdopen(open_beneath(root, *parts), "rb") as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def open_log(task: TaskLayout, worker: str) -> int:
+    """Opens (creating) `logs/<worker>.log` of a task for appending, as the executor writes a pod's log.
+
+    The task's folder is the pod's to write, so its `logs` may have become a link or a file, and a log a link:
+    whatever is not a real folder or file is put aside (`.logs.replaced-<n>`), never followed.
+    """
+    name = f"{checked('worker', worker, WORKER_NAME)}.log"
+    for _ in range(3):
+        for path, kind_ok in ((task.logs, Path.is_dir), (task.logs / name, Path.is_file)):
+            if path.is_symlink() or (path.exists() and not kind_ok(path)):
+                os.rename(path, task.root / f".logs.replaced-{os.getpid()}-{time.monotonic_ns()}")
+            if path == task.logs:
+                path.mkdir(parents=True, exist_ok=True)
+        try:
+            return open_beneath(task.root, "logs", name, flags=os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except UnsafePath:
+            continue  # replaced again between the check and the open
+    raise UnsafePath(f"cannot open the log {task.logs / name}: it keeps being replaced")
 
 
 def read_regular(path: Path, limit: int | None = None) -> bytes:

@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 from simrun_core.config import TlsConfig
+from simrun_core.rpc.tls import service_channel
 
 _FORWARDED_METADATA = ("authorization", "traceparent", "tracestate")
 _NO_DEADLINE_S = 10 * 365 * 24 * 3600.0
@@ -75,20 +76,6 @@ class ForwardingHandler(grpc.GenericRpcHandler):
     def close(self) -> None:
         for channel in self._channels.values():
             channel.close()
-
-
-def service_channel(address: str, tls: TlsConfig | None) -> grpc.Channel:
-    """A channel to a service apart: plaintext without `tls.ca`; else TLS verified against `tls.ca`, presenting
-    the config's own certificate when its servers ask for client certificates (`tls.client_ca`)."""
-    if tls is None or tls.ca is None:
-        return grpc.insecure_channel(address)
-    mutual = tls.client_ca is not None
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=tls.ca.read_bytes(),
-        private_key=tls.key.read_bytes() if mutual else None,
-        certificate_chain=tls.cert.read_bytes() if mutual else None,
-    )
-    return grpc.secure_channel(address, credentials)
 
 
 def _timeout(context: grpc.ServicerContext) -> float | None:

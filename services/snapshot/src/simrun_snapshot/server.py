@@ -32,6 +32,9 @@ def create_server(
     tokens: TokenRegistry | None = None,
     limits: Limits | None = None,
     tls: TlsConfig | None = None,
+    insecure: bool = False,
 ) -> BoundServer:
     """The snapshot service with the production interceptors and health, bound to `address`, not yet started."""
-    return build_server(address, [register(Path(store_root), limits)], [SERVICE_NAME], tokens=tokens, tls=tls)
+    return build_server(
+        address, [register(Path(store_root), limits)], [SERVICE_NAME], tokens=tokens, tls=tls, insecure=insecure
+    )

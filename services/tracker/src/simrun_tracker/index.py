@@ -10,8 +10,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from simrun_runtime.files import read_json
-from simrun_runtime.layout import StoreLayout
+from simrun_runtime.layout import SUMMARY, StoreLayout, read_beneath
 from simrun_runtime.record import RunRecord
 from sqlalchemy import Engine, event, inspect
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
@@ -59,17 +58,24 @@ def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
     )
 
 
+SUMMARY_BYTES = 1 << 20
+"""The most of a task's summary.json the index and compare read."""
+
+
 def task_summaries(store: StoreLayout, record: RunRecord) -> dict[str, object]:
-    """The summary.json of each merged task of a run."""
+    """The summary.json of each merged task of a run.
+
+    Read without following links (`read_beneath`): the task's pods write its folder, and a summary made a link
+    to another run's or to the home would show that to whoever reads this run. At most 1 MiB of each.
+    """
     run = store.run(record.run_id)
     summaries: dict[str, object] = {}
     for task_id in record.tasks:
-        path = run.task(task_id).summary
-        if path.is_file():
-            try:
-                summaries[task_id] = read_json(path)
-            except (OSError, ValueError):
-                continue
+        task = run.task(task_id)
+        try:
+            summaries[task_id] = json.loads(read_beneath(task.root, "out", SUMMARY, limit=SUMMARY_BYTES))
+        except (OSError, ValueError):
+            continue
     return summaries
 
 

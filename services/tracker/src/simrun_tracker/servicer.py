@@ -27,14 +27,14 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         return tracker_pb2.SubmitRunResponse(run=convert.run_message(record))
 
     def GetRun(self, request: tracker_pb2.GetRunRequest, context: grpc.ServicerContext) -> tracker_pb2.GetRunResponse:
-        record = self.tracker.get(request.run_id)
+        record = self.tracker.get(request.run_id, current_identity())
         return tracker_pb2.GetRunResponse(run=convert.run_message(record, self.tracker.progress(record)))
 
     def ListRuns(
         self, request: tracker_pb2.ListRunsRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.ListRunsResponse:
         state = convert.RUN_STATE_FROM_PROTO.get(request.state)
-        run_ids = self.tracker.list(request.group, state.value if state else "", request.owner)
+        run_ids = self.tracker.list(request.group, state.value if state else "", request.owner, current_identity())
         scope = f"{request.group}|{request.state}|{request.owner}"
         chunk, token = page(run_ids, request.page_size, request.page_token, scope, default=50)
         runs = [convert.run_message(self.tracker.get(run_id)) for run_id in chunk]
@@ -49,7 +49,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def WatchRun(
         self, request: tracker_pb2.WatchRunRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.WatchRunResponse]:
-        for record, progress in self.tracker.watch(request.run_id, context.is_active):
+        for record, progress in self.tracker.watch(request.run_id, context.is_active, current_identity()):
             if not context.is_active():
                 return
             yield tracker_pb2.WatchRunResponse(
@@ -59,7 +59,8 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def StreamLogs(
         self, request: tracker_pb2.StreamLogsRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.StreamLogsResponse]:
-        for pod, lines in self.tracker.logs(request.run_id, request.task_id, request.worker, request.follow):
+        identity = current_identity()
+        for pod, lines in self.tracker.logs(request.run_id, request.task_id, request.worker, request.follow, identity):
             if not context.is_active():
                 return
             yield tracker_pb2.StreamLogsResponse(pod=pod, lines=lines)
@@ -67,7 +68,8 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def CompareRuns(
         self, request: tracker_pb2.CompareRunsRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.CompareRunsResponse:
-        return convert.comparison_message(self.tracker.compare(list(request.run_ids), request.group))
+        comparison = self.tracker.compare(list(request.run_ids), request.group, current_identity())
+        return convert.comparison_message(comparison)
 
     def EstimateRun(
         self, request: tracker_pb2.EstimateRunRequest, context: grpc.ServicerContext
