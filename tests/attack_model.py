@@ -14,7 +14,9 @@ from simrun_runtime import ExecContext, MergeContext, SplitTaskType, TaskSetting
 
 
 def attempt(action: str, path: str) -> str:
-    """One attack: what it got, or `refused:<error>`."""
+    """One attack: what it got, or `refused:<error>`; `TASK_DIR` in a path is the task's own folder."""
+    task_dir = os.path.join(os.environ.get("SIMRUN_RUN_DIR", ""), "tasks", os.environ.get("SIMRUN_TASK", ""))
+    path = path.replace("TASK_DIR", task_dir)
     try:
         if action == "read":
             return "read:" + Path(path).read_text()[:400]
