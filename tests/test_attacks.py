@@ -244,3 +244,21 @@ def test_a_task_types_import_cannot_read_the_tokens(machine: Machine, model: Pat
 
 
 # Attacks by tasks (pods) and through the tracker's read side follow in `test_attacks_tasks.py`.
+
+
+def test_snapshot_listings_and_provenance_follow_the_read_policy(machine: Machine, model: Path) -> None:
+    server = machine.start()
+    owner_snapshot = machine.client(server, "owner").snapshot(model).snapshot
+    agent = snapshot_pb2_grpc.SnapshotServiceStub(machine.client(server, "agent").channel)
+    listed = agent.ListSnapshots(snapshot_pb2.ListSnapshotsRequest(name=owner_snapshot.name)).snapshots
+    assert list(listed) == []
+    # Naming the content id is having the content: the snapshot is found, without the owner's branch and changes.
+    found = agent.GetSnapshot(
+        snapshot_pb2.GetSnapshotRequest(name=owner_snapshot.name, snapshot_id=owner_snapshot.snapshot_id)
+    ).snapshot
+    assert found.snapshot_id == owner_snapshot.snapshot_id
+    assert not found.provenance.branch and not found.provenance.commit
+    owner = snapshot_pb2_grpc.SnapshotServiceStub(machine.client(server, "owner").channel)
+    listed = owner.ListSnapshots(snapshot_pb2.ListSnapshotsRequest(name=owner_snapshot.name)).snapshots
+    assert [s.snapshot_id for s in listed] == [owner_snapshot.snapshot_id]
+    assert listed[0].provenance.branch == "main"

@@ -339,6 +339,10 @@ class StoreLayout:
         """The files of one snapshot: `snapshots/<name>/<snapshot_id>/`."""
         return self.snapshots / name / snapshot_id
 
+    def snapshot_readers(self, name: str, snapshot_id: str) -> Path:
+        """Who has made or asked for a snapshot by its id, beside it: the read policy's owners of the snapshot."""
+        return self.snapshots / name / f"{snapshot_id}.readers.json"
+
     def snapshot_files(self, name: str, snapshot_id: str) -> Path:
         """The map of a snapshot's paths to their content hashes, beside it."""
         return self.snapshots / name / f"{snapshot_id}.files.json"

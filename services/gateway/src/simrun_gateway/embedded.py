@@ -119,7 +119,7 @@ def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs:
             lambda s: learner_pb2_grpc.add_ResourceLearnerServiceServicer_to_server(ResourceLearnerService(learner), s)
         )
     if "snapshot" not in remote:
-        registrations.append(register_snapshots(store.root, config.limits))
+        registrations.append(register_snapshots(store.root, config.limits, config.read_policy))
     if "tracker" not in remote:
         tracker = build_tracker(config, store, learner)
         closers.append(tracker.close)

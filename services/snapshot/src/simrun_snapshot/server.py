@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
-from simrun_core.config import Limits, TlsConfig
+from simrun_core.config import Limits, ReadPolicy, TlsConfig
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
 
@@ -16,11 +16,11 @@ from simrun_snapshot.store import SnapshotStore
 SERVICE_NAME = snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name
 
 
-def register(store_root: Path, limits: Limits | None = None) -> Registration:
+def register(store_root: Path, limits: Limits | None = None, policy: ReadPolicy | None = None) -> Registration:
     """A registration that adds the SnapshotService over `store_root` to a server (for `simrun server`)."""
 
     def add(server: grpc.Server) -> None:
-        servicer = SnapshotServicer(SnapshotStore(store_root, limits))
+        servicer = SnapshotServicer(SnapshotStore(store_root, limits), policy)
         snapshot_pb2_grpc.add_SnapshotServiceServicer_to_server(servicer, server)
 
     return add

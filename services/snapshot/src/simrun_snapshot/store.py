@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 from simrun_core.config import Limits
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from simrun_core.identity import write_private
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Provenance
 
@@ -109,6 +111,7 @@ class SnapshotStore:
     def __init__(self, root: Path, limits: Limits | None = None) -> None:
         self.layout = StoreLayout(Path(root))
         self.limits = limits or Limits()
+        self._readers_lock = threading.Lock()
 
     def _bounded(self, entries: list[FileEntry], tar_size: int | None = None) -> list[FileEntry]:
         """Refuses a listing or upload past the configured bounds, before anything is written.
@@ -345,6 +348,29 @@ class SnapshotStore:
         except FileNotFoundError:
             return None
         return data
+
+    # who has a snapshot (the read policy)
+
+    def add_reader(self, name: str, snapshot_id: str, reader: tuple[str, str | None]) -> None:
+        """Records that an identity (name, the person it acts for) made a snapshot or named it by its id.
+
+        A snapshot is named by its content, so naming its id is having its content: the identity may list it
+        from now on. Written atomically; a lost race only loses one reader, who is added on its next request.
+        """
+        with self._readers_lock:
+            readers = self.readers(name, snapshot_id)
+            if readers is not None and reader in readers:
+                return
+            merged = sorted({*(readers or []), reader}, key=lambda r: (r[0], r[1] or ""))
+            write_private(self.layout.snapshot_readers(name, snapshot_id), json.dumps(merged) + "\n")
+
+    def readers(self, name: str, snapshot_id: str) -> list[tuple[str, str | None]] | None:
+        """The identities that have a snapshot; None for one no service recorded (written into a mounted store)."""
+        try:
+            data = json.loads(self.layout.snapshot_readers(name, snapshot_id).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return [(str(r[0]), r[1] if r[1] is None else str(r[1])) for r in data]
 
     def _existing(self, name: str, snapshot_id: str) -> Snapshot | None:
         """A snapshot whose folder is in place (its listing is written before it)."""
