@@ -157,8 +157,8 @@ def test_a_second_server_on_the_same_home_is_one_line_naming_the_first(served: t
         [SIMRUN, "server", "--address", "127.0.0.1:0"], capture_output=True, text=True, timeout=60, env=_env(home)
     )
     assert done.returncode == 1
-    assert re.fullmatch(r"Error: another simrun server \(pid \d+\) is using .+: stop it, or give this one another home\n",
-                        done.stderr), done.stderr  # fmt: skip
+    expected = r"Error: another simrun server \(pid \d+\) is using .+: stop it, or give this one another home\n"
+    assert re.fullmatch(expected, done.stderr), done.stderr
 
 
 def test_plaintext_beyond_loopback_is_refused_in_one_line(tmp_path: Path) -> None:

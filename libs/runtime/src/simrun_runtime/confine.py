@@ -1,6 +1,7 @@
 """Confines a pod's processes with Linux Landlock: write only the task's own folders, read only what it needs.
 
-`python -m simrun_runtime.confine --read PATH… --write PATH… -- COMMAND…` restricts itself, then execs COMMAND,
+`python -I …/simrun_runtime/confine.py --read PATH… --write PATH… -- COMMAND…` (or `-m simrun_runtime.confine`)
+restricts itself, then execs COMMAND,
 so every process of the pod (the runtime, its pool, the model's units, merges and commands) runs inside one
 Landlock domain that no descendant can leave. Paths not named are neither readable nor writable; the
 interpreter's own installation (its prefixes and `sys.path`) and a short list of system files are readable.
@@ -172,12 +173,18 @@ class Rules:
 def interpreter_paths() -> list[str]:
     """This interpreter's installation: its prefixes and the entries of `sys.path` (editable installs included).
 
-    The first entry of `sys.path` is the script's folder or the working directory under `-m`, which is the
-    caller's business, not the interpreter's, and is left out.
+    The working directory (the first entry under `-m`) and this script's own folder are the caller's business,
+    not the interpreter's, and are left out.
     """
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
-    paths.update(p for p in sys.path[1:] if p)
+    skip = {"", os.getcwd(), os.path.dirname(os.path.abspath(sys.argv[0] if sys.argv and sys.argv[0] else "."))}
+    paths.update(p for p in sys.path if p not in skip)
     return sorted(paths)
+
+
+LAUNCHER = os.path.abspath(__file__)
+"""This file: run as `python -I <LAUNCHER> …`, it imports the standard library only, not the runtime package
+(whose imports cost seconds on a loaded machine and which the pod's command imports again anyway)."""
 
 
 def apply(rules: Rules) -> int:

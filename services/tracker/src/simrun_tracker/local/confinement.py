@@ -2,7 +2,7 @@
 
 A pod runs as the server's user on this machine, so without these it would be the server: its environment
 (`SIMRUN_TOKEN`, `HOME`, `SIMRUN_HOME`), the tokens file, every run and snapshot. The local executor starts each
-pod as `python -m simrun_runtime.confine --read … --write … -- <the pod's command>` with the environment of
+pod as `python -I …/simrun_runtime/confine.py --read … --write … -- <the pod's command>` with the environment of
 `pod_environment`; `simrun_runtime.confine` restricts the process tree with Landlock before the runtime starts.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from simrun_runtime.confine import landlock_abi
+from simrun_runtime.confine import LAUNCHER, landlock_abi
 from simrun_runtime.layout import StoreLayout
 
 log = logging.getLogger(__name__)
@@ -125,10 +125,14 @@ class PodConfinement:
         return f"landlock ABI {self.abi}" if self.confining else "unconfined"
 
     def command(self, interpreter: str, command: list[str], paths: PodPaths) -> list[str]:
-        """`command` run by `interpreter -m simrun_runtime.confine` with the pod's paths, or `command` unconfined."""
+        """`command` run by the Landlock launcher with the pod's paths, or `command` unconfined.
+
+        The launcher is run as a script in isolated mode (`-I`): it needs the standard library only, so the pod
+        pays one interpreter start for it, not the runtime's imports twice.
+        """
         if not self.confining:
             return list(command)
-        launcher = [interpreter, "-m", "simrun_runtime.confine"]
+        launcher = [interpreter, "-I", LAUNCHER]
         for path in paths.read:
             launcher += ["--read", str(path)]
         for path in paths.write:
