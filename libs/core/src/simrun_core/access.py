@@ -6,7 +6,6 @@ apply the same rules, and each rule is tested once here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from simrun_core.config import Limits, ReadPolicy
@@ -49,11 +48,6 @@ def check_read(viewer: Identity, submitter: Submitter, policy: ReadPolicy, run_i
     """
     if not may_read(viewer, submitter, policy):
         raise NotFound(f"no run {run_id!r}: `simrun list` shows the runs")
-
-
-def readable_submitters(viewer: Identity, policy: ReadPolicy, submitters: Iterable[Submitter]) -> set[str]:
-    """The names among `submitters` whose runs `viewer` may see, for filtering a listing."""
-    return {s.name for s in submitters if may_read(viewer, s, policy)}
 
 
 def check_reservation(identity: Identity, node: str) -> None:

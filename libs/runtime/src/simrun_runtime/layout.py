@@ -34,7 +34,7 @@ class UnsafePath(ValueError):
 def checked(kind: str, value: str, pattern: re.Pattern[str]) -> str:
     """`value` when it is a whole match of `pattern`, else `UnsafePath` naming what it must look like.
 
-    Every path the services build from a request goes through this (or `checked_path`), so a name never
+    Every path the services build from a request goes through this, so a name never
     becomes `..`, a glob, an absolute path or a component longer than the file system takes.
     """
     if not isinstance(value, str) or pattern.fullmatch(value) is None:
@@ -42,37 +42,12 @@ def checked(kind: str, value: str, pattern: re.Pattern[str]) -> str:
     return value
 
 
-def checked_path(root: Path, *components: str, pattern: re.Pattern[str] = NAME, kind: str = "name") -> Path:
-    """`root/components…` with each component checked against `pattern`.
-
-    Raises:
-        UnsafePath: a component that is not a plain name of its kind.
-    """
-    path = root
-    for component in components:
-        path = path / checked(kind, component, pattern)
-    return path
-
-
-def open_regular(path: Path) -> int:
-    """Opens a file of the store for reading without following a symbolic link at its last component, and
-    refuses anything but a regular file: a task may leave a link in its own folder pointing anywhere (the
-    tokens file), and the services read those folders with the server's rights.
-
-    Raises:
-        UnsafePath: a symbolic link, a FIFO, a device or a folder.
-        FileNotFoundError: nothing there.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # the last component is a symbolic link
-            raise UnsafePath(f"{path} is a symbolic link; the store only serves regular files") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UnsafePath(f"{path} is not a regular file")
-    return fd
+def checked_worker(name: str) -> str:
+    """A worker name from a request, refused (`UnsafePath`, a `ValueError`) unless it is one the ledger uses: never
+    a path or glob."""
+    if not isinstance(name, str) or not WORKER_NAME.fullmatch(name):
+        raise UnsafePath(f"no worker {name!r}: a worker is w0, w1, …, exec or merge")
+    return name
 
 
 def open_beneath(root: Path, *parts: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
@@ -132,21 +107,6 @@ def open_log(task: TaskLayout, worker: str) -> int:
         except UnsafePath:
             continue  # replaced again between the check and the open
     raise UnsafePath(f"cannot open the log {task.logs / name}: it keeps being replaced")
-
-
-def read_regular(path: Path, limit: int | None = None) -> bytes:
-    """The bytes (at most `limit`) of a regular file of the store, refusing links and special files."""
-    fd = open_regular(path)
-    with os.fdopen(fd, "rb") as f:
-        return f.read() if limit is None else f.read(limit)
-
-
-
-def checked_worker(name: str) -> str:
-    """A worker name from a request, refused (`ValueError`) unless it is one the ledger uses: never a path or glob."""
-    if not isinstance(name, str) or not WORKER_NAME.fullmatch(name):
-        raise UnsafePath(f"no worker {name!r}: a worker is w0, w1, …, exec or merge")
-    return name
 
 
 @dataclass(frozen=True)

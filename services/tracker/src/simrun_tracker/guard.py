@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,10 +69,6 @@ class Guard:
     def may_read(self, identity: Identity, name: str, on_behalf_of: str | None) -> bool:
         """For filtering a listing by the index's submitter columns."""
         return may_read(identity, Submitter(name, on_behalf_of), self.policy)
-
-    def readable(self, identity: Identity, records: Iterable[RunRecord]) -> list[RunRecord]:
-        """The records `identity` may see, in their order."""
-        return [r for r in records if may_read(identity, submitter(r), self.policy)]
 
     # The driver: after a task's pods end.
 
