@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import glob
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -118,6 +119,14 @@ SYSTEM_WRITE = ("/dev/shm",)
 """POSIX semaphores of `multiprocessing` live in /dev/shm."""
 
 
+def _accelerators() -> list[str]:
+    """The GPU devices of this machine (NVIDIA, DRM render nodes): a task that asks for GPUs opens them."""
+    found: list[str] = []
+    for pattern in ("/dev/nvidia*", "/dev/dri/renderD*"):
+        found.extend(glob.glob(pattern))
+    return found
+
+
 class ConfineError(Exception):
     """Landlock cannot be applied here: the kernel lacks it, or a rule is refused."""
 
@@ -166,7 +175,7 @@ class Rules:
         return cls(
             read=[Path(p) for p in (*SYSTEM_READ, *interpreter_paths(), *read)],
             write=[Path(p) for p in (*SYSTEM_WRITE, *write)],
-            devices=[Path(p) for p in SYSTEM_DEVICES],
+            devices=[Path(p) for p in (*SYSTEM_DEVICES, *_accelerators())],
         )
 
 
