@@ -44,7 +44,7 @@ def test_an_owner_run_takes_back_an_agents_extra_workers_and_both_finish_correct
 ):
     server = start_server(nodes=THREE_NODES)
     agent, owner = client_for(server, "agent"), client_for(server, "owner")
-    agent_run = agent.submit(slow(e2e_model, units=24, seconds=0.25, seed=5, name="agent.yaml"))
+    agent_run = agent.submit(slow(e2e_model, units=48, seconds=0.25, seed=5, name="agent.yaml"))
     assert agent_run.tasks[0].plan.pods == 3
     wait_running(agent, agent_run.run_id, units_done=2)
     owner_run = owner.submit(slow(e2e_model, units=2, seconds=0.25, seed=9, name="owner.yaml"))
@@ -54,7 +54,7 @@ def test_an_owner_run_takes_back_an_agents_extra_workers_and_both_finish_correct
     assert owner_final.state == agent_final.state == common_pb2.RUN_STATE_SUCCEEDED
     store = StoreLayout(server.config.store)
     agent_task = store.run(agent_run.run_id).task("values")
-    assert json.loads(agent_task.summary.read_text())["total"] == expected_total(5, 24)
+    assert json.loads(agent_task.summary.read_text())["total"] == expected_total(5, 48)
     preempted = {p.spec.worker: p.preemptions for p in server.tracker.executor.pods(agent_run.run_id)}
     assert preempted == {"w0": 0, "w1": 1, "w2": 1}  # the extra workers were taken back; the coordinator kept
     owner_task = store.run(owner_run.run_id).task("values")

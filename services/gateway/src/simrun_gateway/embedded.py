@@ -144,6 +144,7 @@ def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs:
             names,
             tokens=tokens,
             translate={PlanError: FailedPrecondition},
+            max_concurrent_calls=config.max_concurrent_calls,
             tls=config.tls,
             insecure=config.insecure,
         ).start()

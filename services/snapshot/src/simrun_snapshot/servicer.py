@@ -73,7 +73,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
     ) -> snapshot_pb2.ListSnapshotsResponse:
         identity = caller_identity()
         snapshots, next_token = page(
-            [s for s in self._store.list(request.name) if self._visible(identity, s)],
+            [s for s in self._store.list_snapshots(request.name) if self._visible(identity, s)],
             request.page_size,
             request.page_token,
             f"snapshots:{request.name}",

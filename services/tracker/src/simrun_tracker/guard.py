@@ -20,13 +20,14 @@ from simrun_core.access import (
     check_reservation,
     check_units,
     check_workflow_bounds,
-    may_read,
 )
 from simrun_core.config import Limits, ReadPolicy
 from simrun_core.errors import InvalidArgument
-from simrun_core.identity import Identity
+from simrun_core.identity import Identity, IdentityKind
 from simrun_runtime.layout import WORKER_NAME, TaskLayout, UnsafePath, checked
 from simrun_runtime.record import RunRecord
+
+from simrun_tracker.index import Visibility
 
 
 def submitter(record: RunRecord) -> Submitter:
@@ -66,9 +67,14 @@ class Guard:
         """`NotFound` for a run the read policy hides from `identity`."""
         check_read(identity, submitter(record), self.policy, record.run_id)
 
-    def may_read(self, identity: Identity, name: str, on_behalf_of: str | None) -> bool:
-        """For filtering a listing by the index's submitter columns."""
-        return may_read(identity, Submitter(name, on_behalf_of), self.policy)
+    def visibility(self, identity: Identity) -> Visibility | None:
+        """The index filter equal to `may_read` for `identity`'s listings; None where it sees every run."""
+        if identity.is_owner or identity.is_service:
+            return None
+        if identity.kind is IdentityKind.PERSON:
+            return None if self.policy.people_see_all else Visibility(person=identity.name)
+        person = identity.person if self.policy.agents_see_their_person else None
+        return Visibility(person=person, agent=identity.name)
 
     # The driver: after a task's pods end.
 

@@ -7,6 +7,7 @@ journal without fsync, beside the store by default or on local disk where the co
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -35,6 +36,14 @@ class RunRow(SQLModel, table=True):
     snapshots: str = Field(default="[]", description="JSON list of `<name>/<snapshot_id>`.")
     summary: str = Field(default="{}", description="JSON: task id -> its summary.json, once merged.")
     request_id: str = Field(default="", index=True, description="The submitter's request id, if it gave one.")
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """Whose runs a listing shows: a person's (their own and their agents'), an agent's own, or both."""
+
+    person: str | None = None
+    agent: str | None = None
 
 
 def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
@@ -98,8 +107,8 @@ class RunIndex:
         if tables.has_table(RunRow.__tablename__):
             have = {c["name"] for c in tables.get_columns(RunRow.__tablename__)}
             if have != set(RunRow.model_fields):
-                SQLModel.metadata.drop_all(self._engine, tables=[RunRow.__table__])  # type: ignore[list-item]
-        SQLModel.metadata.create_all(self._engine, tables=[RunRow.__table__])  # type: ignore[list-item]
+                SQLModel.metadata.drop_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
+        SQLModel.metadata.create_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
 
     def rebuild(self, store: StoreLayout) -> list[RunRecord]:
         """Empties the index and fills it from every `runs/<id>/run.json`; returns the records read."""
@@ -123,8 +132,24 @@ class RunIndex:
             session.merge(row)
             session.commit()
 
-    def list(self, group: str = "", state: str = "", owner: str = "") -> list[RunRow]:
-        """Runs newest first, filtered; `owner` matches the person or the agent."""
+    def list(
+        self,
+        group: str = "",
+        state: str = "",
+        owner: str = "",
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+        visible: Visibility | None = None,
+    ) -> list[RunRow]:
+        """Runs newest first, filtered; `owner` matches the person or the agent.
+
+        Args:
+            visible: only the runs of this person (theirs and their agents') or of this agent, for the read
+                policy (`Guard.visibility`); None for every run.
+            after: the (created_at, run_id) of the last row of the previous page: the page starts after it.
+            limit: at most this many rows.
+        """
         query = select(RunRow)
         if group:
             query = query.where(RunRow.group == group)
@@ -132,7 +157,17 @@ class RunIndex:
             query = query.where(RunRow.state == state)
         if owner:
             query = query.where((RunRow.owner == owner) | (RunRow.agent == owner))
+        if visible is not None:
+            query = query.where((RunRow.owner == (visible.person or "")) | (RunRow.agent == (visible.agent or "")))
+        if after is not None:
+            created, run_id = after
+            query = query.where(
+                (col(RunRow.created_at) < created)
+                | ((col(RunRow.created_at) == created) & (col(RunRow.run_id) < run_id))
+            )
         query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
+        if limit is not None:
+            query = query.limit(limit)
         with Session(self._engine) as session:
             return list(session.exec(query))
 

@@ -30,7 +30,6 @@ from simrun_tracker.describer import TypeDescriber
 from simrun_tracker.driver import CANCELLED_BY, Driver
 from simrun_tracker.executor import Executor
 from simrun_tracker.guard import Guard
-from simrun_tracker.index import RunRow
 from simrun_tracker.ports import Environment, EnvironmentPort, EnvironmentState, LearnerPort, LocalInterpreters
 from simrun_tracker.reads import Comparison, RunReader, TaskProgress
 from simrun_tracker.runstore import RunStore
@@ -311,16 +310,23 @@ class RunTracker:
             self.guard.check_read(identity, record)
         return record
 
-    def list(self, group: str = "", state: str = "", owner: str = "", identity: Identity | None = None) -> list[str]:
-        run_ids = self.reader.list(group, state, owner)
-        if identity is None:
-            return run_ids
-        rows = {row.run_id: row for row in self.runs.index.list(group, state, owner)}
-        return [
-            run_id
-            for run_id in run_ids
-            if run_id in rows and self.guard.may_read(identity, *_submitter_of(rows[run_id]))
-        ]
+    def list_runs(
+        self, group: str = "", state: str = "", owner: str = "", identity: Identity | None = None
+    ) -> list[str]:
+        visible = self.guard.visibility(identity) if identity is not None else None
+        return self.reader.list_runs(group, state, owner, visible)
+
+    def page(
+        self,
+        group: str,
+        state: str,
+        owner: str,
+        page_size: int,
+        page_token: str,
+        identity: Identity | None = None,
+    ) -> tuple[list[RunRecord], str]:
+        visible = self.guard.visibility(identity) if identity is not None else None
+        return self.reader.page(group, state, owner, page_size, page_token, visible)
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
         return self.reader.progress(record)
@@ -343,7 +349,7 @@ class RunTracker:
                 for run_id in run_ids:
                     self.get(run_id, identity)
             else:
-                run_ids = list(reversed(self.list(group=group, identity=identity)))
+                run_ids = list(reversed(self.list_runs(group=group, identity=identity)))
                 if group and not run_ids:
                     raise NotFound(f"no runs in group {group!r}")
         return self.reader.compare(run_ids, group)
@@ -360,11 +366,6 @@ def record_identity(identity: Identity) -> RecordIdentity:
         on_behalf_of=identity.on_behalf_of,
         priority=identity.priority.value,
     )
-
-
-def _submitter_of(row: RunRow) -> tuple[str, str | None]:
-    """(submitter, the person it acts for) of an index row: the agent and its person, or the person alone."""
-    return (row.agent, row.owner) if row.agent else (row.owner, None)
 
 
 def _recorded_mode(record: RunRecord) -> SplitMode | None:
