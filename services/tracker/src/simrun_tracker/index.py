@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from simrun_runtime.layout import SUMMARY, StoreLayout, read_beneath
 from simrun_runtime.record import RunRecord
@@ -88,6 +89,19 @@ def task_summaries(store: StoreLayout, record: RunRecord) -> dict[str, object]:
     return summaries
 
 
+def _filtered(query: Any, group: str, state: str, owner: str, visible: Visibility | None = None) -> Any:
+    """A query of runs with the filters of a listing, newest first; `visible` is the read policy's filter."""
+    if visible is not None:
+        query = query.where((RunRow.owner == (visible.person or "")) | (RunRow.agent == (visible.agent or "")))
+    if group:
+        query = query.where(RunRow.group == group)
+    if state:
+        query = query.where(RunRow.state == state)
+    if owner:
+        query = query.where((RunRow.owner == owner) | (RunRow.agent == owner))
+    return query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
+
+
 class RunIndex:
     """Lists and filters runs without reading every record; the records stay the source of truth."""
 
@@ -132,44 +146,34 @@ class RunIndex:
             session.merge(row)
             session.commit()
 
-    def list(
-        self,
-        group: str = "",
-        state: str = "",
-        owner: str = "",
-        *,
-        after: tuple[datetime, str] | None = None,
-        limit: int | None = None,
-        visible: Visibility | None = None,
+    def rows(
+        self, group: str = "", state: str = "", owner: str = "", visible: Visibility | None = None
     ) -> list[RunRow]:
-        """Runs newest first, filtered; `owner` matches the person or the agent.
+        """Runs newest first, filtered; `owner` matches the person or the agent; `visible` is the read policy's
+        filter (`Guard.visibility`), None for every run."""
+        with Session(self._engine) as session:
+            return list(session.exec(_filtered(select(RunRow), group, state, owner, visible)))
 
-        Args:
-            visible: only the runs of this person (theirs and their agents') or of this agent, for the read
-                policy (`Guard.visibility`); None for every run.
-            after: the (created_at, run_id) of the last row of the previous page: the page starts after it.
-            limit: at most this many rows.
-        """
-        query = select(RunRow)
-        if group:
-            query = query.where(RunRow.group == group)
-        if state:
-            query = query.where(RunRow.state == state)
-        if owner:
-            query = query.where((RunRow.owner == owner) | (RunRow.agent == owner))
-        if visible is not None:
-            query = query.where((RunRow.owner == (visible.person or "")) | (RunRow.agent == (visible.agent or "")))
+    def page(
+        self,
+        group: str,
+        state: str,
+        owner: str,
+        after: tuple[datetime, str] | None,
+        limit: int,
+        visible: Visibility | None = None,
+    ) -> list[tuple[str, datetime]]:
+        """(run id, created) of at most `limit` runs newest first, after the (created, run id) of a page's last row:
+        keyset paging reads the rows of its page only."""
+        query = _filtered(select(RunRow.run_id, RunRow.created_at), group, state, owner, visible)
         if after is not None:
             created, run_id = after
             query = query.where(
                 (col(RunRow.created_at) < created)
                 | ((col(RunRow.created_at) == created) & (col(RunRow.run_id) < run_id))
             )
-        query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
-        if limit is not None:
-            query = query.limit(limit)
         with Session(self._engine) as session:
-            return list(session.exec(query))
+            return [(run_id, created) for run_id, created in session.exec(query.limit(limit))]
 
     def find_request(self, submitter: str, request_id: str) -> str | None:
         """The run an identity submitted with a request id, if any: a retried submission returns it."""

@@ -282,7 +282,7 @@ class RunTracker:
                 raise FailedPrecondition(f"run {run_id} has ended already ({record.state.value})")
             record.cancel_requested = True
             record.message = f"{CANCELLED_BY}{identity.name}"
-            self.runs.save(record)
+            self.runs.save(record, durable=True)
             version = self.runs.version(run_id)
         deadline = threading.Event()
         timer = threading.Timer(CANCEL_WAIT_S, deadline.set)
@@ -299,7 +299,7 @@ class RunTracker:
 
     def _active_runs(self, name: str) -> int:
         """Runs not yet ended that `name` submitted (itself, not its agents)."""
-        rows = self.runs.index.list(owner=name)
+        rows = self.runs.index.rows(owner=name)
         return sum(1 for row in rows if (row.agent or row.owner) == name and not RunState(row.state).final)
 
     # --- queries: with an identity, each follows the read policy (a hidden run is NOT_FOUND) ------------------
