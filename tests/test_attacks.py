@@ -170,7 +170,7 @@ def test_a_path_component_too_long_is_invalid_argument_not_internal(machine: Mac
 
 def test_a_second_server_on_the_same_home_is_refused_naming_the_first(machine: Machine) -> None:
     machine.start()
-    with pytest.raises(FailedPrecondition, match=rf"another simrun server \(pid {os.getpid()}\) is using"):
+    with pytest.raises(FailedPrecondition, match=rf"another simrun server \(pid {os.getpid()}\) uses the home"):
         machine.start()
 
 

@@ -140,7 +140,7 @@ def test_private_dir_narrows_an_old_home(tmp_path: Path) -> None:
 def test_a_second_lock_on_a_home_is_refused_naming_the_first(tmp_path: Path) -> None:
     first = HomeLock(tmp_path)
     try:
-        with pytest.raises(FailedPrecondition, match=rf"another simrun server \(pid {os.getpid()}\) is using"):
+        with pytest.raises(FailedPrecondition, match=rf"another simrun server \(pid {os.getpid()}\) uses the home"):
             HomeLock(tmp_path)
     finally:
         first.release()

@@ -161,3 +161,17 @@ def test_reports_feed_the_learner(tmp_path: Path, learner: ResourceLearner) -> N
     learner.record_all(observations_from_reports(task, KEY, True, "run-1", memory_gb=10, retry_memory_gb=14))
     resolved = learner.resolve(KEY, HINT)
     assert (resolved.rule, resolved.per_worker_gb) == (ResolutionRule.OOM_FLOOR, 3.75)
+
+
+def test_an_unsplit_task_that_ran_to_its_end_learns_its_seconds_as_one_unit(
+    tmp_path: Path, learner: ResourceLearner
+) -> None:
+    task = StoreLayout(tmp_path).run("run-1").task("report")
+    begun = datetime(2026, 1, 1, tzinfo=UTC)
+    report("exec", 1, role="exec", processes=1, started_at=begun, ended_at=begun + timedelta(seconds=2.5)).write(task)
+    report("exec", 2, role="exec", processes=1, ended=WorkerEnd.STOPPED, ended_at=begun).write(task)
+    observations = observations_from_reports(task, KEY, True, "run-1", memory_gb=1)
+    assert [o.unit_seconds for o in observations] == [(2.5,), ()]
+    assert [o.per_worker_gb for o in observations] == [8.0, 8.0]  # the memory rule reads what it read before
+    learner.record_all(observations)
+    assert learner.estimate(KEY, 1, 1, 1).seconds == 2.5

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from simrun.v1 import learner_pb2
-from simrun_client.client import Client
-from simrun_core.config import simrun_home
 from simrun_core.errors import InvalidArgument
-from simrun_core.identity import TokenRegistry, add_token, remove_tokens
+from simrun_core.home import simrun_home
 
-from simrun_cli import render
 from simrun_cli.options import json_option, with_client
+
+if TYPE_CHECKING:
+    from simrun_client.client import Client
 
 tokens_file_option = click.option(
     "--tokens-file",
@@ -41,6 +41,8 @@ def tokens() -> None:
 @tokens_file_option
 def tokens_add(name: str, agent_of: str | None, service: bool, tokens_file: Path | None) -> None:
     """Add a token for NAME and print it once; the file keeps only its hash."""
+    from simrun_core.identity import add_token  # here: the other commands need no pydantic
+
     token, identity = add_token(_tokens_file(tokens_file), name, agent_of, service)
     click.echo(token)
     acting = f", acting for {identity.on_behalf_of}" if identity.on_behalf_of else ""
@@ -55,6 +57,8 @@ def tokens_add(name: str, agent_of: str | None, service: bool, tokens_file: Path
 @tokens_file_option
 def tokens_list(tokens_file: Path | None) -> None:
     """List the identities of the tokens file (never a token: the file has only their hashes)."""
+    from simrun_core.identity import TokenRegistry
+
     registry = TokenRegistry.load(_tokens_file(tokens_file))
     for identity in sorted(registry.names(), key=lambda i: (i.person, i.name)):
         acting = f" for {identity.on_behalf_of}" if identity.on_behalf_of else ""
@@ -66,6 +70,8 @@ def tokens_list(tokens_file: Path | None) -> None:
 @tokens_file_option
 def tokens_remove(name: str, tokens_file: Path | None) -> None:
     """Remove every token of NAME."""
+    from simrun_core.identity import remove_tokens
+
     removed = remove_tokens(_tokens_file(tokens_file), name)
     if not removed:
         raise InvalidArgument(f"no token of {name!r} in the tokens file: `simrun tokens list` shows them")
@@ -98,6 +104,10 @@ def learned_list(task_type: str, model: str, cost_value: str, as_json: bool, cli
     """List the observations of a key (TYPE, --model, --cost), oldest first."""
     observations = client.observations(task_type, model, cost_value)
     if as_json:
+        from simrun.v1 import learner_pb2
+
+        from simrun_cli import render
+
         render.echo_json(learner_pb2.ListObservationsResponse(observations=observations))
         return
     if not observations:

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from simrun_client.client import Client
-from simrun_core.config import DEFAULT_ENDPOINT
+
+DEFAULT_ENDPOINT = "127.0.0.1:50551"
+"""`simrun_core.config.DEFAULT_ENDPOINT`, written out so that parsing options imports no pydantic (a test keeps
+them equal)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,6 +58,23 @@ json_option = click.option(
 )
 
 
+def check_token(token: str | None) -> None:
+    """Refuses a token grpc cannot send as a header (a newline, a space, a control character) in one line.
+
+    Without this, grpc's C core logs its own complaint to stderr before the call fails.
+    """
+    if token is None:
+        from simrun_core.home import client_token
+
+        token, where = client_token(None), "the token file"
+    else:
+        where = "--token or SIMRUN_TOKEN"
+    if token and any(not (c.isascii() and c.isprintable()) or c.isspace() for c in token):
+        raise click.ClickException(
+            f"the token from {where} has a newline, a space or a control character in it; give the token alone"
+        )
+
+
 def with_client(command: F) -> F:
     """Adds --endpoint, --token and the TLS options and passes the command a connected `client`, closed afterwards."""
 
@@ -74,6 +93,9 @@ def with_client(command: F) -> F:
         tls_key: Path | None,
         **kwargs: Any,
     ) -> Any:
+        from simrun_client.client import Client
+
+        check_token(token)
         with Client(endpoint, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as client:
             return command(*args, client=client, **kwargs)
 

@@ -8,7 +8,6 @@ from typing import Any, NamedTuple, TypeVar
 
 import grpc
 from simrun_core.errors import InvalidArgument
-from simrun_core.rpc.auth import bearer_metadata
 from simrun_core.rpc.errors import to_domain_error
 
 R = TypeVar("R")
@@ -35,7 +34,8 @@ class _BearerToken(
     """Adds `authorization: Bearer <token>` to every call."""
 
     def __init__(self, token: str) -> None:
-        self._metadata = bearer_metadata(token)
+        # As `simrun_core.rpc.auth.bearer_metadata` says it; not imported from there, which loads pydantic.
+        self._metadata = (("authorization", f"Bearer {token}"),)
 
     def _details(self, details: Any) -> _CallDetails:
         metadata = [*(details.metadata or ()), *self._metadata]

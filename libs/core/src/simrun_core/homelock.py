@@ -22,16 +22,20 @@ class HomeLock:
         FailedPrecondition: another server holds one of the locks (its pid in the message).
     """
 
-    def __init__(self, *folders: Path) -> None:
+    def __init__(self, *folders: Path, names: tuple[str, ...] = ("home", "store")) -> None:
+        """`folders` in order, named in a refusal by `names` (the home, then the store)."""
         self._fds: list[int] = []
         try:
-            for folder in dict.fromkeys(folders):
-                self._take(folder)
+            taken: set[Path] = set()
+            for folder, what in zip(folders, (*names, *(["folder"] * len(folders))), strict=False):
+                if folder not in taken:
+                    taken.add(folder)
+                    self._take(folder, what)
         except BaseException:
             self.release()
             raise
 
-    def _take(self, folder: Path) -> None:
+    def _take(self, folder: Path, what: str) -> None:
         path = folder / LOCK_NAME
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -40,7 +44,8 @@ class HomeLock:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise FailedPrecondition(
-                f"another simrun server (pid {holder}) is using {folder}: stop it, or give this one another home"
+                f"another simrun server (pid {holder}) uses the {what} {folder}: "
+                f"stop it, or give this one another {what}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

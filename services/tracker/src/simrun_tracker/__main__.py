@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     store = StoreLayout(config.store)
     try:
         private_dir(store.root, config.share_group)
-        lock = HomeLock(store.root)  # one tracker per store: two would drive the same runs
+        lock = HomeLock(store.root, names=("store",))  # one tracker per store: two would drive the same runs
     except SimrunError as exc:
         parser.exit(2, f"simrun-tracker: error: {exc}\n")
     learner = None if config.services.learner else ResourceLearner(store.observations)

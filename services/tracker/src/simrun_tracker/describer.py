@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from simrun_core.errors import Unavailable
+from simrun_core.errors import FailedPrecondition, Unavailable
 from simrun_runtime.describe import DescribeRequest, DescribeResponse
 
 from simrun_tracker.local.confinement import PodConfinement, PodPaths, pod_environment
@@ -29,6 +31,10 @@ class TypeDescriber(Protocol):
     ) -> list[DescribeResponse]: ...
 
     def close(self) -> None: ...
+
+
+class _NoAnswer(Exception):
+    """The describer gave no answer within the time limit."""
 
 
 @dataclass
@@ -50,8 +56,9 @@ class SubprocessDescriber:
     """
 
     def __init__(
-        self, max_processes: int = 8, timeout_s: float = 120.0, confinement: PodConfinement | None = None
+        self, max_processes: int = 8, timeout_s: float = 60.0, confinement: PodConfinement | None = None
     ) -> None:
+        # Well under a client's 120 s deadline, so the client hears why instead of `Deadline Exceeded`.
         self._max = max_processes
         self._timeout_s = timeout_s
         self._confinement = confinement or PodConfinement()
@@ -66,6 +73,13 @@ class SubprocessDescriber:
                 process.used = time.monotonic()
                 try:
                     return self._round_trip(process.proc, requests)
+                except _NoAnswer:
+                    # Not tried again: a model whose import hangs would hang again, long after the client left.
+                    self._drop(key, process)
+                    raise FailedPrecondition(
+                        f"the model's task types gave no answer within {self._timeout_s:.0f} s: does importing "
+                        f"the model hang? Try `python -c 'import <module>'` in {model_root}"
+                    ) from None
                 except (BrokenPipeError, OSError, ValueError, EOFError) as exc:
                     self._drop(key, process)
                     if attempt:
@@ -80,8 +94,9 @@ class SubprocessDescriber:
         proc.stdin.flush()
         ready, _, _ = select.select([proc.stdout], [], [], self._timeout_s)
         if not ready:
-            proc.kill()
-            raise EOFError(f"no answer within {self._timeout_s:.0f} s")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: whatever the model started dies too
+            raise _NoAnswer
         line = proc.stdout.readline()
         if not line:
             raise EOFError(f"the describer exited with {proc.wait()}")

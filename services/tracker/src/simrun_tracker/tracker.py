@@ -256,6 +256,9 @@ class RunTracker:
             seconds = None
             if task.description.split and task.plan.units:
                 seconds = self.learner.estimate(task.key, task.plan.units, task.plan.pods, task.plan.shape.processes)
+            elif not task.description.split:
+                # An unsplit task is one unit: its learned seconds are those of its whole run.
+                seconds = self.learner.estimate(task.key, 1, 1, 1)
             estimates.append(TaskEstimate(task, seconds))
         return estimates
 
