@@ -236,3 +236,24 @@ def test_agents_see_their_person_when_the_config_says_so(machine: Machine, owner
     assert agent.get_run(run.run_id).run_id == run.run_id
     with pytest.raises(PermissionDenied, match="only they or the owner may cancel"):
         agent.cancel(run.run_id)
+
+
+def test_outputs_follow_the_read_policy_and_no_link_leads_out(
+    machine: Machine, owner_model: Path, attacker_model: Path, tmp_path: Path
+) -> None:
+    server = machine.start()
+    victim = victim_run(machine, server, owner_model)
+    agent = machine.client(server, "agent")
+    with pytest.raises(NotFound):
+        agent.outputs(victim.run_id)
+    with pytest.raises(NotFound):
+        agent.fetch_output(victim.run_id, "values", "values", tmp_path / "loot")
+    # The agent's own output holds a link to the owner's token (left by a process of its task, say): it is
+    # neither listed nor fetched.
+    run = wait_final(agent, agent.submit(probe_workflow(attacker_model, [], split=False)).run_id)
+    report = StoreLayout(machine.home / "store").run(run.run_id).task("probe").out_port("report")
+    (report / "token").symlink_to(machine.home / "token")
+    assert [f.path for f in agent.outputs(run.run_id, "probe", "report")] == ["report.json"]
+    fetched = agent.fetch_output(run.run_id, "probe", "report", tmp_path / "mine")
+    assert [p.name for p in fetched] == ["report.json"]
+    assert machine.tokens["owner"] not in "".join(p.read_text() for p in fetched)
