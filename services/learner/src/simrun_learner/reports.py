@@ -72,8 +72,10 @@ def _unit_seconds(report: WorkerReport) -> tuple[float, ...]:
     Without it an unsplit task would never have learned seconds, and its estimate would stay unknown however
     often it ran. Only a run that ended done counts: a stopped or failed one says nothing about its length.
     """
-    if report.role == "exec" and not report.units:
+    # Schema 2 reports summarise their units: one value per unit, exact up to 64 units, else within 2.2%.
+    seconds = report.seconds_of_units()
+    if report.role == "exec" and not seconds:
         if report.ended is WorkerEnd.DONE and report.ended_at is not None:
             return (max((report.ended_at - report.started_at).total_seconds(), 0.0),)
         return ()
-    return tuple(unit.seconds for unit in report.units)
+    return tuple(seconds)

@@ -393,6 +393,7 @@ def _task_records(
                 type=spec.type,
                 inputs=dict(spec.inputs),
                 mode=workflow.mode_of(task_id, mode).value,
+                unit_timeout_s=spec.unit_timeout_s,
             )
         return tasks
     for task in planned:
@@ -408,5 +409,6 @@ def _task_records(
             plan=dataclasses.asdict(task.plan),
             resources=dataclasses.asdict(task.resources),
             attempts=dict(earlier.attempts) if earlier else {},
+            unit_timeout_s=workflow.spec.tasks[task.task_id].unit_timeout_s,
         )
     return tasks
