@@ -36,6 +36,7 @@ def tokens_file(tmp_path: Path) -> Path:
                     TOKENS["person"]: {"name": "bob"},
                     TOKENS["agent"]: {"name": "bob-agent", "agent_of": "bob"},
                     TOKENS["other-agent"]: {"name": "carol-agent", "agent_of": "carol"},
+                    TOKENS["service"]: {"name": "tracker", "service": True},
                 },
             }
         )

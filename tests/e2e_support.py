@@ -20,6 +20,7 @@ TOKENS = {
     "person": "tok-bob",
     "agent": "tok-bob-agent",
     "other-agent": "tok-carol-agent",
+    "service": "tok-tracker-service",
 }
 
 

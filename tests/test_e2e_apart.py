@@ -41,7 +41,7 @@ def apart(tmp_path, tokens_file):
         tokens_file=tokens_file,
         nodes=[NodeConfig(name="node-a", cores=2, memory_gb=4)],
         services=ServiceAddresses(learner=addresses["learner"]),
-        service_token=TOKENS["owner"],
+        service_token=TOKENS["service"],
         grace_s=5,
         environments=EnvironmentsConfig(kind="server"),
     )

@@ -8,7 +8,7 @@ import time
 import pytest
 from e2e_support import expected_total, wait_final, write_workflow
 from simrun.v1 import common_pb2
-from simrun_core.errors import FailedPrecondition, PermissionDenied
+from simrun_core.errors import FailedPrecondition, NotFound, PermissionDenied
 from simrun_runtime.layout import StoreLayout
 
 THREE_NODES = [{"name": f"node-{c}", "cores": 1, "memory_gb": 2} for c in "abc"]
@@ -44,7 +44,7 @@ def test_an_owner_run_takes_back_an_agents_extra_workers_and_both_finish_correct
 ):
     server = start_server(nodes=THREE_NODES)
     agent, owner = client_for(server, "agent"), client_for(server, "owner")
-    agent_run = agent.submit(slow(e2e_model, units=24, seconds=0.25, seed=5, name="agent.yaml"))
+    agent_run = agent.submit(slow(e2e_model, units=48, seconds=0.25, seed=5, name="agent.yaml"))
     assert agent_run.tasks[0].plan.pods == 3
     wait_running(agent, agent_run.run_id, units_done=2)
     owner_run = owner.submit(slow(e2e_model, units=2, seconds=0.25, seed=9, name="owner.yaml"))
@@ -54,7 +54,7 @@ def test_an_owner_run_takes_back_an_agents_extra_workers_and_both_finish_correct
     assert owner_final.state == agent_final.state == common_pb2.RUN_STATE_SUCCEEDED
     store = StoreLayout(server.config.store)
     agent_task = store.run(agent_run.run_id).task("values")
-    assert json.loads(agent_task.summary.read_text())["total"] == expected_total(5, 24)
+    assert json.loads(agent_task.summary.read_text())["total"] == expected_total(5, 48)
     preempted = {p.spec.worker: p.preemptions for p in server.tracker.executor.pods(agent_run.run_id)}
     assert preempted == {"w0": 0, "w1": 1, "w2": 1}  # the extra workers were taken back; the coordinator kept
     owner_task = store.run(owner_run.run_id).task("values")
@@ -64,10 +64,13 @@ def test_an_owner_run_takes_back_an_agents_extra_workers_and_both_finish_correct
 def test_a_reserved_node_is_left_to_its_run_and_released_when_it_ends(start_server, client_for, e2e_model):
     server = start_server(nodes=THREE_NODES[:2])
     owner, agent = client_for(server, "owner"), client_for(server, "agent")
+    owner_agent = client_for(server, "owner-agent")
     reserving = owner.submit(slow(e2e_model, units=4, seconds=0.3, seed=1, name="r.yaml"), reserve="node-b")
     assert reserving.reservation == "node-b"
     assert reserving.tasks[0].plan.pods == 1  # planned on its reserved node only
     with pytest.raises(FailedPrecondition, match="node-b is reserved by run"):
+        owner_agent.submit(slow(e2e_model, units=2, seconds=0.1, seed=2, name="a.yaml"), reserve="node-b")
+    with pytest.raises(PermissionDenied, match="bob-agent may not reserve node node-b"):
         agent.submit(slow(e2e_model, units=2, seconds=0.1, seed=2, name="a.yaml"), reserve="node-b")
     other = agent.submit(slow(e2e_model, units=4, seconds=0.1, seed=3, name="b.yaml"))
     assert other.tasks[0].plan.pods == 1  # node-b is not usable for it
@@ -81,8 +84,8 @@ def test_cancel_stops_the_pods_and_only_the_submitter_or_the_owner_may(start_ser
     bob, carol, alice = client_for(server, "agent"), client_for(server, "other-agent"), client_for(server, "owner")
     run = bob.submit(slow(e2e_model, units=40, seconds=0.5, seed=1))
     wait_running(bob, run.run_id)
-    with pytest.raises(PermissionDenied, match="belongs to bob-agent"):
-        carol.cancel(run.run_id)
+    with pytest.raises(NotFound, match=f"no run '{run.run_id}'"):
+        carol.cancel(run.run_id)  # another's agent does not even see the run (the read policy)
     cancelled = bob.cancel(run.run_id)
     assert cancelled.state == common_pb2.RUN_STATE_CANCELLED
     assert cancelled.tasks[0].state == common_pb2.TASK_STATE_CANCELLED

@@ -134,6 +134,41 @@ def test_a_bad_nodes_file_says_what_is_wrong(tmp_path: Path) -> None:
     assert done.returncode == 2 and "does not exist" in done.stderr
 
 
+def test_tokens_add_prints_a_token_once_that_the_running_server_accepts(served: tuple[str, Path]) -> None:
+    endpoint, home = served
+    added = subprocess.run(
+        [SIMRUN, "tokens", "add", "dora-agent", "--agent-of", "dora"], capture_output=True, text=True, env=_env(home)
+    )
+    assert added.returncode == 0, added.stderr
+    token = added.stdout.strip()
+    assert "shown only now" in added.stderr and token not in (home / "tokens.yaml").read_text()
+    whoami = subprocess.run(
+        [SIMRUN, "whoami", "--endpoint", endpoint, "--token", token], capture_output=True, text=True, env=_env(home)
+    )
+    assert whoami.returncode == 0, whoami.stderr
+    assert whoami.stdout.strip() == "dora-agent (agent, acting for dora), priority agent"
+    listed = subprocess.run([SIMRUN, "tokens", "list"], capture_output=True, text=True, env=_env(home))
+    assert "dora-agent\tagent for dora\tagent" in listed.stdout and token not in listed.stdout
+
+
+def test_a_second_server_on_the_same_home_is_one_line_naming_the_first(served: tuple[str, Path]) -> None:
+    _, home = served
+    done = subprocess.run(
+        [SIMRUN, "server", "--address", "127.0.0.1:0"], capture_output=True, text=True, timeout=60, env=_env(home)
+    )
+    assert done.returncode == 1
+    expected = r"Error: another simrun server \(pid \d+\) uses the home .+: stop it, or give this one another home\n"
+    assert re.fullmatch(expected, done.stderr), done.stderr
+
+
+def test_plaintext_beyond_loopback_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [SIMRUN, "server", "--address", "0.0.0.0:0"], capture_output=True, text=True, timeout=60, env=_env(tmp_path)
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: refusing to serve plaintext on 0.0.0.0:0") and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -162,7 +197,8 @@ def test_a_second_server_on_the_same_port_or_store_is_refused(served: tuple[str,
     assert taken.exit_code == 1 and "is another simrun server running?" in taken.stderr, taken.output
     same_store = ["server", "--address", "127.0.0.1:0", "--store", str(home.parent / "store")]
     shared = CliRunner().invoke(cli, same_store, env={"SIMRUN_HOME": str(tmp_path / "home")})
-    assert shared.exit_code == 1 and "another simrun server serves the store" in shared.stderr, shared.output
+    assert shared.exit_code == 1 and "another simrun server (pid " in shared.stderr, shared.output
+    assert "uses the store" in shared.stderr
 
 
 def test_commands_start_without_what_they_do_not_need() -> None:

@@ -319,7 +319,10 @@ def test_concurrent_identical_snapshots_do_not_corrupt_each_other(
         t.join()
     assert len(results) == 4 and {r.snapshot.snapshot_id for r in results} == {snapshot_id}
     served_folder = served / "snapshots" / "model"
-    assert sorted(p.name for p in served_folder.iterdir()) == sorted(p.name for p in folder.iterdir())
+    # The service also records who has the snapshot (the read policy's readers), beside it.
+    assert sorted(p.name for p in served_folder.iterdir()) == sorted(
+        [*(p.name for p in folder.iterdir()), f"{snapshot_id}.readers.json"]
+    )
     assert snapshot_tree(served_folder / snapshot_id) == snapshot_tree(folder / snapshot_id)
 
 

@@ -116,3 +116,37 @@ def test_client_token_precedence(home: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert client_token(None) == "from-env"
     assert client_token("") == "from-env"
     assert client_token("explicit") == "explicit"
+
+
+def test_security_settings_load_from_yaml(tmp_path: Path, home: Path) -> None:
+    path = tmp_path / "server.yaml"
+    path.write_text(
+        "address: 0.0.0.0:6000\n"
+        "tls: {cert: /etc/simrun/s.pem, key: /etc/simrun/s.key, client_ca: /etc/simrun/ca.pem}\n"
+        "limits: {units_per_task: 1000, active_runs_per_identity: 3}\n"
+        "read_policy: {agents_see_their_person: true}\n"
+        "executor: {local: {confinement: landlock, pod_variables: [OMP_NUM_THREADS]}}\n"
+    )
+    config = ServerConfig.load(path)
+    assert config.tls is not None and config.tls.client_ca == Path("/etc/simrun/ca.pem")
+    assert (config.limits.units_per_task, config.limits.active_runs_per_identity) == (1000, 3)
+    assert config.limits.upload_bytes == 4 << 30 and not config.insecure
+    assert config.read_policy.agents_see_their_person and not config.read_policy.people_see_all
+    assert config.executor.local.confinement == "landlock"
+    assert config.executor.local.pod_variables == ["OMP_NUM_THREADS"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("limits: {units_per_task: 3000000000}\n", "limits.units_per_task"),
+        ("limits: {unit_per_task: 3}\n", "limits.unit_per_task: unknown field"),
+        ("tls: {cert: a.pem}\n", "tls.key"),
+        ("executor: {local: {confinement: seccomp}}\n", "confinement"),
+    ],
+)
+def test_bad_security_settings_are_one_line(tmp_path: Path, home: Path, text: str, message: str) -> None:
+    path = tmp_path / "server.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidArgument, match=message):
+        ServerConfig.load(path)

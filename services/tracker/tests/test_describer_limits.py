@@ -10,6 +10,7 @@ import pytest
 from simrun_core.errors import FailedPrecondition
 from simrun_runtime.describe import DescribeRequest
 from simrun_tracker.describer import SubprocessDescriber
+from simrun_tracker.local.confinement import PodConfinement
 
 
 def test_a_model_whose_import_hangs_fails_once_within_the_limit(tmp_path: Path) -> None:
@@ -18,7 +19,8 @@ def test_a_model_whose_import_hangs_fails_once_within_the_limit(tmp_path: Path) 
         f"import pathlib, time\nwith pathlib.Path({str(started)!r}).open('a') as f:\n"
         "    f.write('x')\ntime.sleep(600)\n"
     )
-    describer = SubprocessDescriber(timeout_s=2)
+    # The model marks its start beside itself, which a confined describer could not: this tests the time limit.
+    describer = SubprocessDescriber(timeout_s=2, confinement=PodConfinement("off"))
     try:
         begun = time.monotonic()
         with pytest.raises(FailedPrecondition, match="no answer within 2 s: does importing the model hang"):

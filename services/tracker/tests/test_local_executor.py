@@ -15,6 +15,7 @@ from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_planner import Node
 from simrun_tracker.executor import PodPhase, PodRole, PodSpec, PodStatus
 from simrun_tracker.local import LocalExecutor, configured_nodes, default_nodes
+from simrun_tracker.local.confinement import PodConfinement
 from simrun_tracker.local.memory import detect_cgroup_root
 
 # A pod that counts its starts, waits for its go file, and exits with its code (143 on SIGTERM).
@@ -132,6 +133,8 @@ def make_executor(pods: Pods) -> Iterator[Callable[..., LocalExecutor]]:
 
     def make(nodes: list[Node] | None = None, **kw: object) -> LocalExecutor:
         kw.setdefault("cgroup_root", None)
+        # These pods are test scripts writing beside the store; confinement has its own tests (test_confinement).
+        kw.setdefault("confinement", PodConfinement("off"))
         nodes = nodes or [Node("n1", cores=1, memory_gb=1.0)]
         executor = LocalExecutor(pods.box, pods.launch, nodes, poll_s=0.02, **kw)  # type: ignore[arg-type]
         made.append(executor)

@@ -11,6 +11,7 @@ import click
 from simrun_core.errors import SimrunError
 
 from simrun_cli import __version__
+from simrun_cli.admin import learned, tokens
 from simrun_cli.argo import render_command
 from simrun_cli.lazy import lazy_module
 from simrun_cli.options import json_option, with_client
@@ -51,6 +52,8 @@ def cli() -> None:
 
 cli.add_command(server)
 cli.add_command(render_command)
+cli.add_command(tokens)
+cli.add_command(learned)
 
 workflow_argument = click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 model_option = click.option(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -30,6 +31,28 @@ token_option = click.option(
     show_envvar=True,
     help="Bearer token; default: the token file `simrun server` writes in $SIMRUN_HOME (~/.simrun).",
 )
+tls_ca_option = click.option(
+    "--tls-ca",
+    envvar="SIMRUN_TLS_CA",
+    default=None,
+    show_envvar=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA bundle (PEM): connect with TLS and verify the gateway's certificate against it.",
+)
+tls_cert_option = click.option(
+    "--tls-cert",
+    envvar="SIMRUN_TLS_CERT",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Client certificate (PEM), for a gateway that asks for mutual TLS.",
+)
+tls_key_option = click.option(
+    "--tls-key",
+    envvar="SIMRUN_TLS_KEY",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The client certificate's key (PEM).",
+)
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print the API's JSON (proto field names) instead of a table."
 )
@@ -53,16 +76,27 @@ def check_token(token: str | None) -> None:
 
 
 def with_client(command: F) -> F:
-    """Adds --endpoint and --token and passes the command a connected `client`, closed afterwards."""
+    """Adds --endpoint, --token and the TLS options and passes the command a connected `client`, closed afterwards."""
 
     @endpoint_option
     @token_option
+    @tls_ca_option
+    @tls_cert_option
+    @tls_key_option
     @functools.wraps(command)
-    def wrapper(*args: Any, endpoint: str, token: str | None, **kwargs: Any) -> Any:
+    def wrapper(
+        *args: Any,
+        endpoint: str,
+        token: str | None,
+        tls_ca: Path | None,
+        tls_cert: Path | None,
+        tls_key: Path | None,
+        **kwargs: Any,
+    ) -> Any:
         from simrun_client.client import Client
 
         check_token(token)
-        with Client(endpoint, token) as client:
+        with Client(endpoint, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as client:
             return command(*args, client=client, **kwargs)
 
     return wrapper  # type: ignore[return-value]

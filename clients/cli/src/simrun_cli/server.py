@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,23 +76,6 @@ def check_port_free(address: str) -> None:
             raise FailedPrecondition(
                 f"cannot listen at {address}: {exc.strerror or exc}; is another simrun server running?"
             ) from None
-
-
-@contextlib.contextmanager
-def store_lock(store: Path) -> Iterator[None]:
-    """Holds the store's server lock while serving: two servers driving one store would run every pod twice.
-
-    Raises:
-        FailedPrecondition: another server holds it.
-    """
-    with (store / ".server.lock").open("a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FailedPrecondition(
-                f"another simrun server serves the store {store}; is another simrun server running?"
-            ) from None
-        yield
 
 
 def prepare_folders(config: ServerConfig) -> None:
@@ -173,8 +153,7 @@ def server(store: Path | None, address: str | None, config_file: Path | None, no
         click.echo("stop it with Ctrl-C")
 
     try:
-        with store_lock(config.store):
-            serve(config, ready=ready)
+        serve(config, ready=ready)  # it locks the home and the store: a second server is refused, naming the first
     except (OSError, RuntimeError) as exc:
         # grpc says RuntimeError ("Failed to bind") when the port is taken; the address itself was checked above.
         if "bind" not in str(exc).lower():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
@@ -10,7 +11,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
+from simrun.v1 import (
+    common_pb2,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    learner_pb2,
+    learner_pb2_grpc,
+    tracker_pb2,
+    tracker_pb2_grpc,
+)
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
 from simrun_core.home import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.rpc.errors import to_domain_error
@@ -78,16 +87,27 @@ class Client:
         endpoint: `host:port` of the gateway; None for `simrun_core.config.DEFAULT_ENDPOINT`.
         token: the bearer token; None for `$SIMRUN_TOKEN`, else `$SIMRUN_HOME/token`.
         timeout_s: seconds a unary call may take (streams are not limited); None for no limit.
+        tls_ca: a CA bundle (PEM): connect with TLS and verify the gateway against it; None for
+            `$SIMRUN_TLS_CA`, else plaintext.
+        tls_cert, tls_key: a client certificate and its key, for a gateway that asks for mutual TLS.
     """
 
     def __init__(
-        self, endpoint: str | None = None, token: str | None = None, *, timeout_s: float | None = 120.0
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float | None = 120.0,
+        tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
     ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         self.token = client_token(token)
         self.timeout_s = timeout_s
+        tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
         # The channel sends the token as `authorization: Bearer …` on every call, uploads included.
-        self._channel = open_channel(self.endpoint, self.token)
+        self._channel = open_channel(self.endpoint, self.token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
 
@@ -300,6 +320,25 @@ class Client:
             if not response.next_page_token:
                 return nodes
             request.page_token = response.next_page_token
+
+    def observations(self, task_type: str, model: str, cost_value: str = "") -> list[common_pb2.Observation]:
+        """Every observation the learner holds of a key, oldest first (the owner only)."""
+        key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
+        request = learner_pb2.ListObservationsRequest(key=key)
+        stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
+        found: list[common_pb2.Observation] = []
+        while True:
+            response = self._call(stub.ListObservations, request)
+            found.extend(response.observations)
+            if not response.next_page_token:
+                return found
+            request.page_token = response.next_page_token
+
+    def forget_observations(self, task_type: str, model: str, cost_value: str = "") -> int:
+        """Deletes every observation of a key, so it resolves from its type's hint again (the owner only)."""
+        key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
+        stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
+        return self._call(stub.DeleteObservations, learner_pb2.DeleteObservationsRequest(key=key)).deleted_count
 
     def outputs(
         self, run_id: str, task_id: str | None = None, port: str | None = None, page_size: int = 0

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import grp
+import ipaddress
 import os
-import secrets
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +15,7 @@ from simrun_core.errors import InvalidArgument
 
 # What clients need lives in `simrun_core.home`, which imports no pydantic, so that a command starts quickly.
 from simrun_core.home import DEFAULT_ENDPOINT, DEFAULT_PORT, client_token, simrun_home  # noqa: F401
+from simrun_core.identity import new_token, token_hash, write_private
 from simrun_core.validation import first_error
 
 
@@ -72,6 +74,56 @@ class EnvironmentsConfig(BaseModel):
     compile_bytecode: bool = Field(default=True, description="Compile each new venv to bytecode once it is ready.")
 
 
+class TlsConfig(BaseModel):
+    """TLS of every server of the config (the gateway and each service alone), and of the gateway's calls to them."""
+
+    model_config = ConfigDict(extra="forbid")
+    cert: Path = Field(description="PEM certificate chain the servers present.")
+    key: Path = Field(description="PEM private key of the certificate.")
+    client_ca: Path | None = Field(
+        default=None, description="PEM CA bundle: when set, clients must present a certificate it signed (mutual TLS)."
+    )
+    ca: Path | None = Field(
+        default=None, description="PEM CA bundle the gateway and tracker verify the services apart with."
+    )
+
+
+class Limits(BaseModel):
+    """Bounds on what one submission or upload may ask; each is refused with INVALID_ARGUMENT before any write."""
+
+    model_config = ConfigDict(extra="forbid")
+    units_per_task: int = Field(
+        default=10_000_000,
+        ge=1,
+        le=2**31 - 1,
+        description="Units a split task may count; at most 2^31-1, so every unit count fits the API's int32 fields.",
+    )
+    tasks_per_workflow: int = Field(default=200, ge=1, description="Tasks of one workflow.")
+    workflow_bytes: int = Field(default=1 << 20, ge=1, description="Size of a workflow's text, bytes.")
+    upload_bytes: int = Field(default=4 << 30, ge=1, description="Size of one snapshot upload (its tar), bytes.")
+    files_per_snapshot: int = Field(default=200_000, ge=1, description="Files of one snapshot.")
+    path_component_bytes: int = Field(
+        default=255, ge=1, le=255, description="Bytes of one component of a snapshot path (255: the file systems')."
+    )
+    active_runs_per_identity: int = Field(default=50, ge=1, description="Runs not yet ended per identity.")
+    output_bytes_per_task: int = Field(
+        default=50 << 30, ge=1, description="Bytes of a task's outputs; a task past it fails with a message."
+    )
+
+
+class ReadPolicy(BaseModel):
+    """Whose runs an identity sees (get, list, logs, compare, watch, snapshots' provenance).
+
+    The owner sees every run; a person sees their own and their agents'; an agent sees its own.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    agents_see_their_person: bool = Field(
+        default=False, description="An agent also sees the runs of the person it acts for (and of their agents)."
+    )
+    people_see_all: bool = Field(default=False, description="Every person sees every run (a team that shares).")
+
+
 class LocalExecutorConfig(BaseModel):
     """The local executor: pods as process groups on this machine."""
 
@@ -81,6 +133,12 @@ class LocalExecutorConfig(BaseModel):
         default="auto", description="Where pod memory cgroups go: auto-detected, a mount, or null (watchdog only)."
     )
     poll_s: float = Field(default=0.1, gt=0, description="Seconds between two passes of the local scheduler.")
+    confinement: Literal["auto", "landlock", "off"] = Field(
+        default="auto", description="How pods are confined: Landlock where the kernel has it, or not at all."
+    )
+    pod_variables: list[str] = Field(
+        default_factory=list, description="More of the server's environment variables that reach pods."
+    )
 
     @field_validator("nodes")
     @classmethod
@@ -141,6 +199,15 @@ class ServerConfig(BaseModel):
     max_concurrent_calls: int = Field(
         default=1000, ge=8, description="Calls served at once (streams included); more are RESOURCE_EXHAUSTED."
     )
+    tls: TlsConfig | None = Field(default=None, description="TLS of the servers; None: plaintext (loopback only).")
+    insecure: bool = Field(
+        default=False, description="Serve plaintext on an address beyond loopback (tokens travel in the clear)."
+    )
+    limits: Limits = Field(default_factory=Limits)
+    read_policy: ReadPolicy = Field(default_factory=ReadPolicy)
+    share_group: str = Field(
+        default="", description="A group that may read the home and the store (0750); empty: the server's user only."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -174,22 +241,49 @@ def _first_error(exc: Exception) -> str:
     return str(exc).splitlines()[0]
 
 
-def ensure_local_tokens(home: Path) -> tuple[Path, str]:
+def private_dir(path: Path, group: str = "") -> Path:
+    """Makes `path` (and missing parents) and narrows it to 0700, or 0750 with `group` as its group.
+
+    The home and the store hold every token's hash, the owner's token, every run and every snapshot: no other
+    local account may list or read them. An existing folder is narrowed too (older servers made them 0755).
+    """
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if group:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise InvalidArgument(f"share_group: no group {group!r} on this machine") from None
+        os.chown(path, -1, gid)
+        path.chmod(0o750)
+    else:
+        path.chmod(0o700)
+    return path
+
+
+def ensure_local_tokens(home: Path, group: str = "") -> tuple[Path, str]:
     """The home's tokens file and the owner's token, made on first start so one person can begin at once.
 
-    The file names this machine's user the cluster's owner; the token is also written to `<home>/token`
-    (mode 0600), where the CLI looks when neither --token nor SIMRUN_TOKEN is given.
+    The file names this machine's user the cluster's owner and holds the token's hash; the token itself is
+    written to `<home>/token` (0600 from its creation), where the CLI looks when neither --token nor
+    SIMRUN_TOKEN is given.
     """
-    home.mkdir(parents=True, exist_ok=True)
+    private_dir(home, group)
     tokens_file = home / "tokens.yaml"
     token_file = home / "token"
     if not tokens_file.exists():
         owner = os.environ.get("USER") or "owner"
-        token = secrets.token_urlsafe(24)
-        tmp = tokens_file.with_suffix(".tmp")
-        tmp.write_text(yaml.safe_dump({"owner": owner, "tokens": {token: {"name": owner}}}))
-        tmp.chmod(0o600)
-        tmp.replace(tokens_file)
-        token_file.write_text(token + "\n")
-        token_file.chmod(0o600)
+        token = new_token()
+        write_private(token_file, token + "\n")
+        write_private(tokens_file, yaml.safe_dump({"owner": owner, "tokens": {token_hash(token): {"name": owner}}}))
     return tokens_file, token_file.read_text().strip() if token_file.exists() else ""
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a `host:port` address is reachable from this machine only."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

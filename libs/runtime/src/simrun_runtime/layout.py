@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +23,91 @@ VALUES_SUFFIX = ".jsonl"
 
 WORKER_NAME = re.compile(r"w[0-9]{1,6}|exec|merge")
 """The worker names of a task's pods: `w0` (coordinator or unsplit pod), `w1`… extra workers, `exec`, `merge`."""
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
+TASK_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class UnsafePath(ValueError):
+    """A name from a request that is not a store path component of its kind (`..`, `*`, `/`, too long)."""
+
+
+def checked(kind: str, value: str, pattern: re.Pattern[str]) -> str:
+    """`value` when it is a whole match of `pattern`, else `UnsafePath` naming what it must look like.
+
+    Every path the services build from a request goes through this, so a name never
+    becomes `..`, a glob, an absolute path or a component longer than the file system takes.
+    """
+    if not isinstance(value, str) or pattern.fullmatch(value) is None:
+        raise UnsafePath(f"{kind} {value!r} is not valid: it must match {pattern.pattern}")
+    return value
 
 
 def checked_worker(name: str) -> str:
-    """A worker name from a request, refused (`ValueError`) unless it is one the ledger uses: never a path or glob."""
-    if not WORKER_NAME.fullmatch(name):
-        raise ValueError(f"no worker {name!r}: a worker is w0, w1, …, exec or merge")
+    """A worker name from a request, refused (`UnsafePath`, a `ValueError`) unless it is one the ledger uses: never
+    a path or glob."""
+    if not isinstance(name, str) or not WORKER_NAME.fullmatch(name):
+        raise UnsafePath(f"no worker {name!r}: a worker is w0, w1, …, exec or merge")
     return name
+
+
+def open_beneath(root: Path, *parts: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """Opens `root/parts…` walking each component with O_NOFOLLOW, so no symbolic link a task left in its own
+    folder (a `logs` or `out` made a link to another run, the home, /etc) leads a service out of `root`.
+
+    Raises:
+        UnsafePath: a component is a symbolic link or not a folder, or the file is not a regular file.
+        FileNotFoundError: a component is missing (and `flags` does not create the file).
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafePath(f"{root.joinpath(*parts)}: {part} is not a folder") from None
+                raise
+            os.close(fd)
+            fd = child
+        try:
+            leaf = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafePath(f"{root.joinpath(*parts)} is a symbolic link") from None
+            raise
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise UnsafePath(f"{root.joinpath(*parts)} is not a regular file")
+    return leaf
+
+
+def read_beneath(root: Path, *parts: str, limit: int | None = None) -> bytes:
+    """The bytes (at most `limit`) of `root/parts…`, opened by `open_beneath`."""
+    with os.fdopen(open_beneath(root, *parts), "rb") as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def open_log(task: TaskLayout, worker: str) -> int:
+    """Opens (creating) `logs/<worker>.log` of a task for appending, as the executor writes a pod's log.
+
+    The task's folder is the pod's to write, so its `logs` may have become a link or a file, and a log a link:
+    whatever is not a real folder or file is put aside (`.logs.replaced-<n>`), never followed.
+    """
+    name = f"{checked('worker', worker, WORKER_NAME)}.log"
+    for _ in range(3):
+        for path, kind_ok in ((task.logs, Path.is_dir), (task.logs / name, Path.is_file)):
+            if path.is_symlink() or (path.exists() and not kind_ok(path)):
+                os.rename(path, task.root / f".logs.replaced-{os.getpid()}-{time.monotonic_ns()}")
+            if path == task.logs:
+                path.mkdir(parents=True, exist_ok=True)
+        try:
+            return open_beneath(task.root, "logs", name, flags=os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except UnsafePath:
+            continue  # replaced again between the check and the open
+    raise UnsafePath(f"cannot open the log {task.logs / name}: it keeps being replaced")
 
 
 @dataclass(frozen=True)
@@ -167,6 +249,10 @@ class TaskLayout:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    def log(self, worker: str) -> Path:
+        """The log of one pod, `logs/<worker>.log`; `UnsafePath` for a worker name no pod has."""
+        return self.logs / f"{checked('worker', worker, WORKER_NAME)}.log"
+
     @property
     def failure(self) -> Path:
         """Why the task failed, as the runtime saw it: `{"message", "unit", "worker", "exception", "detail"}`,
@@ -237,6 +323,10 @@ class StoreLayout:
     def snapshot(self, name: str, snapshot_id: str) -> Path:
         """The files of one snapshot: `snapshots/<name>/<snapshot_id>/`."""
         return self.snapshots / name / snapshot_id
+
+    def snapshot_readers(self, name: str, snapshot_id: str) -> Path:
+        """Who has made or asked for a snapshot by its id, beside it: the read policy's owners of the snapshot."""
+        return self.snapshots / name / f"{snapshot_id}.readers.json"
 
     def snapshot_files(self, name: str, snapshot_id: str) -> Path:
         """The map of a snapshot's paths to their content hashes, beside it."""

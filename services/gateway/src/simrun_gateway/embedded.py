@@ -20,10 +20,11 @@ from simrun.v1 import (
     tracker_pb2,
     tracker_pb2_grpc,
 )
-from simrun_core.config import ServerConfig, ensure_local_tokens
+from simrun_core.config import ServerConfig, ensure_local_tokens, private_dir
 from simrun_core.errors import FailedPrecondition
+from simrun_core.homelock import HomeLock
 from simrun_core.identity import TokenRegistry
-from simrun_core.rpc.server import BoundServer, Registration, build_server
+from simrun_core.rpc.server import BoundServer, Registration, build_server, check_transport
 from simrun_envbuilder.builder import EnvironmentBuilder
 from simrun_envbuilder.convert import settings_from_config
 from simrun_envbuilder.server import register as register_environments
@@ -88,15 +89,27 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
         drive_runs: start the tracker's driver; off, runs are recorded and not run (the SubmitRun benchmark).
 
     Raises:
-        InvalidArgument: a bad tokens file.
+        InvalidArgument: a bad tokens file, or plaintext beyond loopback without `insecure: true`.
+        FailedPrecondition: another server uses the home or the store.
     """
+    check_transport(config.address, config.tls, config.insecure)
+    private_dir(config.home, config.share_group)
+    store = StoreLayout(config.store)
+    private_dir(store.root, config.share_group)
+    lock = HomeLock(config.home, *([store.root] if not config.services.tracker else []))
+    try:
+        return _start(config, store, lock, drive_runs)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs: bool) -> EmbeddedServer:
     if config.tokens_file is not None:
         tokens, token = TokenRegistry.load(config.tokens_file), ""
     else:
-        tokens_file, token = ensure_local_tokens(config.home)
+        tokens_file, token = ensure_local_tokens(config.home, config.share_group)
         tokens = TokenRegistry.load(tokens_file)
-    store = StoreLayout(config.store)
-    store.root.mkdir(parents=True, exist_ok=True)
     remote = {name: address for name, address in config.services.model_dump().items() if address}
     registrations: list[Registration] = [
         lambda s: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(), s)
@@ -112,7 +125,7 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
             lambda s: learner_pb2_grpc.add_ResourceLearnerServiceServicer_to_server(ResourceLearnerService(learner), s)
         )
     if "snapshot" not in remote:
-        registrations.append(register_snapshots(store.root))
+        registrations.append(register_snapshots(store.root, config.limits, config.read_policy))
     environments: EnvironmentBuilder | None = None
     if "envbuilder" not in remote:
         environments = EnvironmentBuilder(settings_from_config(config))
@@ -131,18 +144,27 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
         forwarding = ForwardingHandler(
             {_DESCRIPTORS[name].full_name: address for name, address in remote.items()},
             method_shapes(*(_DESCRIPTORS[name] for name in remote)),
+            tls=config.tls,
         )
         registrations.append(lambda s: s.add_generic_rpc_handlers((forwarding,)))
         closers.append(forwarding.close)
     names += [d.full_name for name, d in _DESCRIPTORS.items() if name not in remote]
-    server = build_server(
-        config.address,
-        registrations,
-        names,
-        tokens=tokens,
-        translate={PlanError: FailedPrecondition},
-        max_concurrent_calls=config.max_concurrent_calls,
-    ).start()
+    try:
+        server = build_server(
+            config.address,
+            registrations,
+            names,
+            tokens=tokens,
+            translate={PlanError: FailedPrecondition},
+            max_concurrent_calls=config.max_concurrent_calls,
+            tls=config.tls,
+            insecure=config.insecure,
+        ).start()
+    except BaseException:
+        for closer in closers:
+            closer()
+        raise
+    closers.append(lock.release)
     if tracker is not None and drive_runs:
         tracker.start()
     return EmbeddedServer(server, config, token, tracker, learner, environments, closers)

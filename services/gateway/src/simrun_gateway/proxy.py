@@ -6,6 +6,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import grpc
+from simrun_core.config import TlsConfig
+from simrun_core.rpc.tls import service_channel
 
 _FORWARDED_METADATA = ("authorization", "traceparent", "tracestate")
 _NO_DEADLINE_S = 10 * 365 * 24 * 3600.0
@@ -21,9 +23,12 @@ class ForwardingHandler(grpc.GenericRpcHandler):
     Messages pass through as bytes, so the gateway needs no change when a service gains a method.
     """
 
-    def __init__(self, routes: Mapping[str, str], streaming: Mapping[str, tuple[bool, bool]]) -> None:
-        """`routes`: full service name -> address; `streaming`: full method name -> (client, server) streaming."""
-        self._channels = {service: grpc.insecure_channel(address) for service, address in routes.items()}
+    def __init__(
+        self, routes: Mapping[str, str], streaming: Mapping[str, tuple[bool, bool]], tls: TlsConfig | None = None
+    ) -> None:
+        """`routes`: full service name -> address; `streaming`: full method name -> (client, server) streaming;
+        `tls`: the config's TLS (see `service_channel`), None for plaintext."""
+        self._channels = {service: service_channel(address, tls) for service, address in routes.items()}
         self._streaming = dict(streaming)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.tls import add_tls_arguments, tls_from_arguments
 
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.server import create_server
@@ -21,11 +22,13 @@ def main(argv: list[str] | None = None) -> None:
         "--db", type=Path, required=True, help="SQLite file of the observations (store root/observations.sqlite)"
     )
     parser.add_argument("--tokens", type=Path, help="tokens file; without one, calls are not authenticated")
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
+    tls = tls_from_arguments(parser, args)
     logging.basicConfig(level=logging.INFO)
     tokens = TokenRegistry.load(args.tokens) if args.tokens else None
     with ResourceLearner(args.db) as learner:
-        bound = create_server(learner, args.address, tokens=tokens).start()
+        bound = create_server(learner, args.address, tokens=tokens, tls=tls, insecure=args.insecure).start()
         logging.getLogger(__name__).info("resource learner serving on port %d with %s", bound.port, args.db)
         # k3s stops a pod with SIGTERM: report NOT_SERVING to the probes, then finish the calls in flight.
         signal.signal(signal.SIGTERM, lambda *_: bound.stop())

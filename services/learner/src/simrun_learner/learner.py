@@ -55,6 +55,11 @@ class ResourceLearner:
         scope = json.dumps([key.task_type, key.model, key.cost_value])
         return page(self.observations(key), page_size, page_token, scope, DEFAULT_PAGE_SIZE)
 
+    def forget(self, key: ObservationKey) -> int:
+        """Forgets every observation of a key (e.g. poisoned ones), so it resolves from the hint again."""
+        key.check()
+        return self._store.delete_key(key)
+
     def estimate(self, key: ObservationKey, units: int, pods: int, processes: int) -> Estimate:
         """The median seconds of a unit times the rounds of the units over the processes of the pods.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from simrun.v1 import learner_pb2, learner_pb2_grpc
+from simrun_core.config import TlsConfig
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
 
@@ -15,7 +16,11 @@ SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["ResourceLearnerService"]
 
 
 def create_server(
-    learner: ResourceLearner | Path | str, address: str = "127.0.0.1:0", tokens: TokenRegistry | None = None
+    learner: ResourceLearner | Path | str,
+    address: str = "127.0.0.1:0",
+    tokens: TokenRegistry | None = None,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
 ) -> BoundServer:
     """A learner server bound to `address` (not started), with the production interceptors and health.
 
@@ -33,4 +38,6 @@ def create_server(
         [lambda server: learner_pb2_grpc.add_ResourceLearnerServiceServicer_to_server(servicer, server)],
         [SERVICE_NAME],
         tokens=tokens,
+        tls=tls,
+        insecure=insecure,
     )

@@ -77,6 +77,23 @@ class ObservationStore:
         with Session(self._engine) as session:
             return [_observation(row) for row in session.exec(query)]
 
+    def delete_key(self, key: ObservationKey) -> int:
+        """Deletes every observation of a key; how many there were."""
+        with Session(self._engine) as session:
+            rows = list(
+                session.exec(
+                    select(ObservationRow).where(
+                        ObservationRow.task_type == key.task_type,
+                        ObservationRow.model == key.model,
+                        ObservationRow.cost_value == key.cost_value,
+                    )
+                )
+            )
+            for row in rows:
+                session.delete(row)
+            session.commit()
+            return len(rows)
+
     def close(self) -> None:
         """Closes the connections of the store."""
         self._engine.dispose()

@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.tls import add_tls_arguments, tls_from_arguments
 
 from simrun_planner.server import create_server
 
@@ -17,10 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m simrun_planner", description="Serve the simrun planner.")
     parser.add_argument("--address", default="127.0.0.1:50051", help="host:port to listen on")
     parser.add_argument("--tokens", type=Path, help="tokens file; without one, calls are not authenticated")
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
+    tls = tls_from_arguments(parser, args)
     logging.basicConfig(level=logging.INFO)
     tokens = TokenRegistry.load(args.tokens) if args.tokens else None
-    bound = create_server(args.address, tokens=tokens).start()
+    bound = create_server(args.address, tokens=tokens, tls=tls, insecure=args.insecure).start()
     logging.getLogger(__name__).info("planner serving on port %d", bound.port)
     # k3s stops a pod with SIGTERM: report NOT_SERVING to the probes, then finish the calls in flight.
     signal.signal(signal.SIGTERM, lambda *_: bound.stop())

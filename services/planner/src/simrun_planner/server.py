@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from simrun.v1 import planner_pb2, planner_pb2_grpc
+from simrun_core.config import TlsConfig
 from simrun_core.errors import FailedPrecondition
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
@@ -13,7 +14,12 @@ from simrun_planner.servicer import PlannerService
 SERVICE_NAME = planner_pb2.DESCRIPTOR.services_by_name["PlannerService"].full_name
 
 
-def create_server(address: str = "127.0.0.1:0", tokens: TokenRegistry | None = None) -> BoundServer:
+def create_server(
+    address: str = "127.0.0.1:0",
+    tokens: TokenRegistry | None = None,
+    tls: TlsConfig | None = None,
+    insecure: bool = False,
+) -> BoundServer:
     """A planner server bound to `address` (not started), with the production interceptors and health.
 
     The planner has no configuration: it plans from what each request carries.
@@ -24,4 +30,6 @@ def create_server(address: str = "127.0.0.1:0", tokens: TokenRegistry | None = N
         [SERVICE_NAME],
         tokens=tokens,
         translate={PlanError: FailedPrecondition},
+        tls=tls,
+        insecure=insecure,
     )

@@ -8,8 +8,9 @@ import signal
 import threading
 from pathlib import Path
 
-from simrun_core.config import ServerConfig
-from simrun_core.errors import InvalidArgument
+from simrun_core.config import ServerConfig, private_dir
+from simrun_core.errors import InvalidArgument, SimrunError
+from simrun_core.homelock import HomeLock
 from simrun_core.identity import TokenRegistry
 from simrun_learner.learner import ResourceLearner
 from simrun_runtime.layout import StoreLayout
@@ -29,9 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidArgument as exc:
         parser.exit(2, f"simrun-tracker: error: {exc}\n")
     store = StoreLayout(config.store)
+    try:
+        private_dir(store.root, config.share_group)
+        lock = HomeLock(store.root, names=("store",))  # one tracker per store: two would drive the same runs
+    except SimrunError as exc:
+        parser.exit(2, f"simrun-tracker: error: {exc}\n")
     learner = None if config.services.learner else ResourceLearner(store.observations)
     tracker = build_tracker(config, store, learner)
-    bound = create_server(tracker, config.address, tokens).start()
+    bound = create_server(tracker, config.address, tokens, config.tls).start()
     tracker.start()
     logging.getLogger(__name__).info("run tracker serving on port %d with the store %s", bound.port, store.root)
     stopped = threading.Event()
@@ -42,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     tracker.close()
     if learner is not None:
         learner.close()
+    lock.release()
     return 0
 
 

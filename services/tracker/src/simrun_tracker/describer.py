@@ -6,8 +6,10 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -17,6 +19,8 @@ from typing import Protocol
 
 from simrun_core.errors import FailedPrecondition, Unavailable
 from simrun_runtime.describe import DescribeRequest, DescribeResponse
+
+from simrun_tracker.local.confinement import PodConfinement, PodPaths, pod_environment
 
 
 class TypeDescriber(Protocol):
@@ -38,6 +42,7 @@ class _Process:
     proc: subprocess.Popen[str]
     lock: threading.Lock
     used: float
+    scratch: Path
 
 
 class SubprocessDescriber:
@@ -45,12 +50,18 @@ class SubprocessDescriber:
 
     A model root is an immutable snapshot, so what a describer imported from it never goes stale; keeping the
     process makes a submission cost a round trip instead of an interpreter start and the model's imports.
+    The model's imports are user code: the process is confined as a pod is (it reads the model root and its
+    interpreter, writes only its own scratch folder) and gets the pod allow-list of variables, never the
+    server's environment.
     """
 
-    def __init__(self, max_processes: int = 8, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, max_processes: int = 8, timeout_s: float = 60.0, confinement: PodConfinement | None = None
+    ) -> None:
         # Well under a client's 120 s deadline, so the client hears why instead of `Deadline Exceeded`.
         self._max = max_processes
         self._timeout_s = timeout_s
+        self._confinement = confinement or PodConfinement()
         self._lock = threading.Lock()
         self._processes: OrderedDict[tuple[str, str], _Process] = OrderedDict()
 
@@ -98,41 +109,51 @@ class SubprocessDescriber:
                 self._processes.move_to_end(key)
                 return process
             if process is not None:
-                _stop(process.proc)  # exited: close its pipes before replacing it
+                _stop(process)  # exited: close its pipes before replacing it
             interpreter, model_root = key
-            env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(
+            scratch = Path(tempfile.mkdtemp(prefix="simrun-describe-"))
+            command = self._confinement.command(
+                interpreter,
                 [interpreter, "-m", "simrun_runtime.describe", "--serve"],
-                cwd=model_root,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-                env=env,
-                start_new_session=True,
+                PodPaths(read=(Path(model_root),), write=(scratch,)),
             )
-            process = _Process(proc, threading.Lock(), time.monotonic())
+            try:
+                proc = subprocess.Popen(
+                    command,
+                    cwd=model_root,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    env=pod_environment({}, scratch),
+                    start_new_session=True,
+                )
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            process = _Process(proc, threading.Lock(), time.monotonic(), scratch)
             self._processes[key] = process
             while len(self._processes) > self._max:
                 _, oldest = self._processes.popitem(last=False)
-                _stop(oldest.proc)
+                _stop(oldest)
             return process
 
     def _drop(self, key: tuple[str, str], process: _Process) -> None:
         with self._lock:
             if self._processes.get(key) is process:
                 del self._processes[key]
-        _stop(process.proc)
+        _stop(process)
 
     def close(self) -> None:
         with self._lock:
             processes = list(self._processes.values())
             self._processes.clear()
         for process in processes:
-            _stop(process.proc)
+            _stop(process)
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
+def _stop(process: _Process) -> None:
+    proc = process.proc
     if proc.stdin:  # closed even when the process has exited, so its pipe is not leaked
         with contextlib.suppress(OSError):
             proc.stdin.close()
@@ -145,3 +166,4 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     for stream in (proc.stdout,):
         if stream:
             stream.close()
+    shutil.rmtree(process.scratch, ignore_errors=True)

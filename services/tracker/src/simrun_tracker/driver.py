@@ -14,6 +14,7 @@ bad workflow, a refused object) fails the run at once with its message. A run ne
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import threading
 import time
@@ -23,8 +24,7 @@ from datetime import UTC, datetime
 
 from simrun_core.config import DriverConfig
 from simrun_core.errors import SimrunError
-from simrun_runtime.files import read_json
-from simrun_runtime.layout import RunLayout
+from simrun_runtime.layout import RunLayout, TaskLayout, read_beneath
 from simrun_runtime.record import OomKill, RunRecord, RunState, TaskRecord, TaskState
 
 from simrun_tracker.executor import (
@@ -80,8 +80,11 @@ class Driver:
         grace_s: float = 10.0,
         merge_wait_s: float = 120.0,
         config: DriverConfig | None = None,
+        output_check: Callable[[TaskLayout], str | None] | None = None,
     ) -> None:
         self.runs = runs
+        self.output_check = output_check or (lambda task: None)
+        """Why a succeeded task fails for the size of what it wrote (`Guard.output_failure`), or None."""
         self.executor = executor
         self.learner = learner
         self.environments = environments
@@ -337,10 +340,10 @@ class Driver:
             task.started_at = datetime.now(UTC)
         if coordinator.phase == PodPhase.SUCCEEDED:
             if not task.split:
-                self._end_task(record, task, TaskState.SUCCEEDED, "")
+                self._end_succeeded(record, task, run)
             elif run.task(task.task_id).merge_marker.exists():
                 self.executor.stop_pods(record.run_id, task.task_id)
-                self._end_task(record, task, TaskState.SUCCEEDED, "")
+                self._end_succeeded(record, task, run)
             elif not coordinator_merges(task):
                 self._follow_merge_pod(record, task, pods)
             else:
@@ -358,17 +361,25 @@ class Driver:
             self._end_task(record, task, TaskState.FAILED, self._failure_message(run, task, coordinator))
         return None
 
+    def _end_succeeded(self, record: RunRecord, task: TaskRecord, run: RunLayout) -> None:
+        """A task whose pods succeeded: done, unless it wrote more than its output bound."""
+        too_large = self.output_check(run.task(task.task_id))
+        self._end_task(record, task, TaskState.FAILED if too_large else TaskState.SUCCEEDED, too_large or "")
+
     @staticmethod
     def _failure_message(run: RunLayout, task: TaskRecord, pod: PodStatus) -> str:
-        """The runtime's own account of a failure (the unit, the exception, the worker), else the executor's."""
-        failure = run.task(task.task_id).failure
-        if failure.is_file():
-            try:
-                message = str(read_json(failure).get("message", "")).strip()
-            except (OSError, ValueError):
-                message = ""
-            if message:
-                return message
+        """The runtime's own account of a failure (the unit, the exception, the worker), else the executor's.
+
+        `failure.json` is in the task's folder, which its pods write: it is read without following links.
+        """
+        layout = run.task(task.task_id)
+        try:
+            data = json.loads(read_beneath(layout.root, layout.failure.name, limit=64 * 1024))
+            message = str(data.get("message", "")).strip() if isinstance(data, dict) else ""
+        except (OSError, ValueError):
+            message = ""
+        if message:
+            return message
         return pod.message or f"exit code {pod.exit_code}"
 
     def _follow_merge_pod(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:

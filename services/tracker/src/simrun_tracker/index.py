@@ -7,12 +7,12 @@ journal without fsync, beside the store by default or on local disk where the co
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from simrun_runtime.files import read_json
-from simrun_runtime.layout import StoreLayout
+from simrun_runtime.layout import SUMMARY, StoreLayout, read_beneath
 from simrun_runtime.record import RunRecord
 from sqlalchemy import Engine, event, inspect
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
@@ -39,6 +39,14 @@ class RunRow(SQLModel, table=True):
     request_id: str = Field(default="", index=True, description="The submitter's request id, if it gave one.")
 
 
+@dataclass(frozen=True)
+class Visibility:
+    """Whose runs a listing shows: a person's (their own and their agents'), an agent's own, or both."""
+
+    person: str | None = None
+    agent: str | None = None
+
+
 def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
     identity = record.identity
     is_agent = identity.kind == "agent"
@@ -60,22 +68,31 @@ def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
     )
 
 
+SUMMARY_BYTES = 1 << 20
+"""The most of a task's summary.json the index and compare read."""
+
+
 def task_summaries(store: StoreLayout, record: RunRecord) -> dict[str, object]:
-    """The summary.json of each merged task of a run."""
+    """The summary.json of each merged task of a run.
+
+    Read without following links (`read_beneath`): the task's pods write its folder, and a summary made a link
+    to another run's or to the home would show that to whoever reads this run. At most 1 MiB of each.
+    """
     run = store.run(record.run_id)
     summaries: dict[str, object] = {}
     for task_id in record.tasks:
-        path = run.task(task_id).summary
-        if path.is_file():
-            try:
-                summaries[task_id] = read_json(path)
-            except (OSError, ValueError):
-                continue
+        task = run.task(task_id)
+        try:
+            summaries[task_id] = json.loads(read_beneath(task.root, "out", SUMMARY, limit=SUMMARY_BYTES))
+        except (OSError, ValueError):
+            continue
     return summaries
 
 
-def _filtered(query: Any, group: str, state: str, owner: str) -> Any:
-    """A query of runs with the filters of a listing, newest first."""
+def _filtered(query: Any, group: str, state: str, owner: str, visible: Visibility | None = None) -> Any:
+    """A query of runs with the filters of a listing, newest first; `visible` is the read policy's filter."""
+    if visible is not None:
+        query = query.where((RunRow.owner == (visible.person or "")) | (RunRow.agent == (visible.agent or "")))
     if group:
         query = query.where(RunRow.group == group)
     if state:
@@ -129,17 +146,26 @@ class RunIndex:
             session.merge(row)
             session.commit()
 
-    def rows(self, group: str = "", state: str = "", owner: str = "") -> list[RunRow]:
-        """Runs newest first, filtered; `owner` matches the person or the agent."""
+    def rows(
+        self, group: str = "", state: str = "", owner: str = "", visible: Visibility | None = None
+    ) -> list[RunRow]:
+        """Runs newest first, filtered; `owner` matches the person or the agent; `visible` is the read policy's
+        filter (`Guard.visibility`), None for every run."""
         with Session(self._engine) as session:
-            return list(session.exec(_filtered(select(RunRow), group, state, owner)))
+            return list(session.exec(_filtered(select(RunRow), group, state, owner, visible)))
 
     def page(
-        self, group: str, state: str, owner: str, after: tuple[datetime, str] | None, limit: int
+        self,
+        group: str,
+        state: str,
+        owner: str,
+        after: tuple[datetime, str] | None,
+        limit: int,
+        visible: Visibility | None = None,
     ) -> list[tuple[str, datetime]]:
         """(run id, created) of at most `limit` runs newest first, after the (created, run id) of a page's last row:
         keyset paging reads the rows of its page only."""
-        query = _filtered(select(RunRow.run_id, RunRow.created_at), group, state, owner)
+        query = _filtered(select(RunRow.run_id, RunRow.created_at), group, state, owner, visible)
         if after is not None:
             created, run_id = after
             query = query.where(

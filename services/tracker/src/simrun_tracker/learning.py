@@ -6,10 +6,12 @@ from typing import Any
 
 import grpc
 from simrun.v1 import learner_pb2, learner_pb2_grpc
+from simrun_core.config import TlsConfig
 from simrun_core.errors import FailedPrecondition
 from simrun_core.resources import ObservationKey, ResolvedResources
 from simrun_core.rpc.auth import bearer_metadata
 from simrun_core.rpc.errors import to_domain_error
+from simrun_core.rpc.tls import service_channel
 from simrun_learner import convert
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.reports import observations_from_reports
@@ -65,8 +67,10 @@ class GrpcLearner:
     sent to the learner one by one.
     """
 
-    def __init__(self, address: str, store: StoreLayout, token: str = "", timeout_s: float = 10.0) -> None:
-        self._channel = grpc.insecure_channel(address)
+    def __init__(
+        self, address: str, store: StoreLayout, token: str = "", timeout_s: float = 10.0, tls: TlsConfig | None = None
+    ) -> None:
+        self._channel = service_channel(address, tls)
         self._stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
         self._metadata = bearer_metadata(token or None)
         self._store = store

@@ -92,7 +92,12 @@ class OutputStore:
             real = self._inside(record, task, self.store.root / file.store_path)
             if real is None:  # replaced by a link out since it was listed
                 continue
-            with real.open("rb") as handle:
+            try:
+                # No link at the last step either: what was checked is what is read, even if it was swapped since.
+                fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as handle:
                 offset = 0
                 while True:
                     data = handle.read(chunk_bytes)

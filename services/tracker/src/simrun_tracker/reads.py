@@ -21,7 +21,7 @@ from simrun_runtime.record import RunRecord, RunState, TaskState
 from simrun_runtime.reports import ProgressReader
 
 from simrun_tracker.executor import Executor
-from simrun_tracker.index import task_summaries
+from simrun_tracker.index import Visibility, task_summaries
 from simrun_tracker.runstore import RunStore
 
 PROGRESS_POLL_S = 0.25
@@ -77,13 +77,23 @@ class RunReader:
     def get(self, run_id: str) -> RunRecord:
         return self.runs.get(run_id)
 
-    def list_runs(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
-        """Run ids newest first, filtered by group, state and owner (person or agent)."""
+    def list_runs(
+        self, group: str = "", state: str = "", owner: str = "", visible: Visibility | None = None
+    ) -> list[str]:
+        """Run ids newest first, filtered by group, state and owner (person or agent), and by the read policy."""
         if state and state not in {s.value for s in RunState}:
             raise InvalidArgument(f"unknown state {state!r}: one of {', '.join(s.value for s in RunState)}")
-        return [row.run_id for row in self.runs.index.rows(group, state, owner)]
+        return [row.run_id for row in self.runs.index.rows(group, state, owner, visible)]
 
-    def page(self, group: str, state: str, owner: str, requested_size: int, token: str) -> tuple[list[RunRecord], str]:
+    def page(
+        self,
+        group: str,
+        state: str,
+        owner: str,
+        requested_size: int,
+        token: str,
+        visible: Visibility | None = None,
+    ) -> tuple[list[RunRecord], str]:
         """One page of runs, newest first, and the token of the next (empty at the end): keyset paging, so a page
         reads its own rows only, however deep in the listing it is."""
         if state and state not in {s.value for s in RunState}:
@@ -97,7 +107,7 @@ class RunReader:
                 after = (datetime.fromisoformat(key[0]), key[1])
             except (ValueError, IndexError) as exc:
                 raise InvalidArgument("bad page_token: pass the next_page_token of the previous page") from exc
-        rows = self.runs.index.page(group, state, owner, after, size + 1)
+        rows = self.runs.index.page(group, state, owner, after, size + 1, visible)
         records = []
         for run_id, _ in rows[:size]:
             try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
-from simrun_core.config import ServerConfig
+from simrun_core.config import ServerConfig, TlsConfig
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
@@ -15,8 +15,10 @@ from simrun_runtime.layout import StoreLayout
 from simrun_tracker.describer import SubprocessDescriber
 from simrun_tracker.environments import GrpcEnvironments, InProcessEnvironments
 from simrun_tracker.executor import Executor, PodSpec
+from simrun_tracker.guard import Guard
 from simrun_tracker.learning import GrpcLearner, InProcessLearner
 from simrun_tracker.local import LocalExecutor
+from simrun_tracker.local.confinement import PodConfinement
 from simrun_tracker.local.executor import Launcher
 from simrun_tracker.ports import LearnerPort, LocalInterpreters, ServerEnvironments
 from simrun_tracker.servicer import RunTrackerServicer
@@ -71,23 +73,26 @@ def build_tracker(
     if learner is not None:
         port = InProcessLearner(learner, store)
     else:
-        port = GrpcLearner(config.services.learner, store, config.service_token)
+        port = GrpcLearner(config.services.learner, store, config.service_token, tls=config.tls)
     environments_port = build_environments(config, store, environments)
     return RunTracker(
         store,
         build_executor(config, store, environments_port),
         port,
-        SubprocessDescriber(),
+        SubprocessDescriber(confinement=PodConfinement(config.executor.local.confinement)),
         environments_port,
         environments_port,
         grace_s=config.grace_s,
         merge_wait_s=config.merge_wait_s,
         driver=config.driver,
         index_path=config.index,
+        guard=Guard(config.limits, config.read_policy),
     )
 
 
-def create_server(tracker: RunTracker, address: str, tokens: TokenRegistry | None) -> BoundServer:
+def create_server(
+    tracker: RunTracker, address: str, tokens: TokenRegistry | None, tls: TlsConfig | None = None
+) -> BoundServer:
     """A tracker server bound to `address` (not started), with the production interceptors and health."""
     servicer = RunTrackerServicer(tracker)
     return build_server(
@@ -95,4 +100,5 @@ def create_server(tracker: RunTracker, address: str, tokens: TokenRegistry | Non
         [lambda server: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(servicer, server)],
         [SERVICE_NAME],
         tokens=tokens,
+        tls=tls,
     )

@@ -28,7 +28,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         return tracker_pb2.SubmitRunResponse(run=convert.run_message(record))
 
     def GetRun(self, request: tracker_pb2.GetRunRequest, context: grpc.ServicerContext) -> tracker_pb2.GetRunResponse:
-        record = self.tracker.get(request.run_id)
+        record = self.tracker.get(request.run_id, current_identity())
         return tracker_pb2.GetRunResponse(run=convert.run_message(record, self.tracker.progress(record)))
 
     def ListRuns(
@@ -36,7 +36,12 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     ) -> tracker_pb2.ListRunsResponse:
         state = convert.RUN_STATE_FROM_PROTO.get(request.state)
         records, token = self.tracker.page(
-            request.group, state.value if state else "", request.owner, request.page_size, request.page_token
+            request.group,
+            state.value if state else "",
+            request.owner,
+            request.page_size,
+            request.page_token,
+            current_identity(),
         )
         return tracker_pb2.ListRunsResponse(runs=[convert.run_message(r) for r in records], next_page_token=token)
 
@@ -49,7 +54,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def WatchRun(
         self, request: tracker_pb2.WatchRunRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.WatchRunResponse]:
-        for record, progress in self.tracker.watch(request.run_id, context.is_active):
+        for record, progress in self.tracker.watch(request.run_id, context.is_active, current_identity()):
             if not context.is_active():
                 return
             yield tracker_pb2.WatchRunResponse(
@@ -59,7 +64,8 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def StreamLogs(
         self, request: tracker_pb2.StreamLogsRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.StreamLogsResponse]:
-        for pod, lines in self.tracker.logs(request.run_id, request.task_id, request.worker, request.follow):
+        identity = current_identity()
+        for pod, lines in self.tracker.logs(request.run_id, request.task_id, request.worker, request.follow, identity):
             if not context.is_active():
                 return
             yield tracker_pb2.StreamLogsResponse(pod=pod, lines=lines)
@@ -67,7 +73,8 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def CompareRuns(
         self, request: tracker_pb2.CompareRunsRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.CompareRunsResponse:
-        return convert.comparison_message(self.tracker.compare(list(request.run_ids), request.group))
+        comparison = self.tracker.compare(list(request.run_ids), request.group, current_identity())
+        return convert.comparison_message(comparison)
 
     def EstimateRun(
         self, request: tracker_pb2.EstimateRunRequest, context: grpc.ServicerContext
@@ -89,7 +96,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         self, request: tracker_pb2.ListOutputsRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.ListOutputsResponse:
         files = OutputStore(self.tracker.store).list_files(
-            self.tracker.get(request.run_id), request.task_id, request.port
+            self.tracker.get(request.run_id, current_identity()), request.task_id, request.port
         )
         scope = f"outputs|{request.run_id}|{request.task_id}|{request.port}"
         chunk, token = page(files, request.page_size, request.page_token, scope, default=1000)
@@ -100,7 +107,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def FetchOutput(
         self, request: tracker_pb2.FetchOutputRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.FetchOutputResponse]:
-        record = self.tracker.get(request.run_id)
+        record = self.tracker.get(request.run_id, current_identity())
         for piece in OutputStore(self.tracker.store).fetch(record, request.task_id, request.port):
             if not context.is_active():
                 return

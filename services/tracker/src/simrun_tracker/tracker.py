@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from simrun_core.config import DriverConfig
-from simrun_core.errors import FailedPrecondition, PermissionDenied
+from simrun_core.errors import FailedPrecondition, NotFound, PermissionDenied
 from simrun_core.identity import Identity, Priority
 from simrun_core.resources import SplitMode
 from simrun_core.workflow import Workflow, parse_workflow
@@ -24,11 +24,12 @@ from simrun_planner import Node
 from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import RunLayout, StoreLayout
 from simrun_runtime.record import Identity as RecordIdentity
-from simrun_runtime.record import RunRecord, SnapshotRef, TaskRecord
+from simrun_runtime.record import RunRecord, RunState, SnapshotRef, TaskRecord
 
 from simrun_tracker.describer import TypeDescriber
 from simrun_tracker.driver import CANCELLED_BY, Driver
 from simrun_tracker.executor import Executor
+from simrun_tracker.guard import Guard
 from simrun_tracker.ports import Environment, EnvironmentPort, EnvironmentState, LearnerPort, LocalInterpreters
 from simrun_tracker.reads import Comparison, RunReader, TaskProgress
 from simrun_tracker.runstore import RunStore
@@ -82,6 +83,7 @@ class RunTracker:
         merge_wait_s: float = 120.0,
         driver: DriverConfig | None = None,
         index_path: Path | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.store = store
         self.executor = executor
@@ -89,6 +91,8 @@ class RunTracker:
         self.describer = describer
         self.environments = environments
         self.interpreters = interpreters
+        self.guard = guard or Guard()
+        """The read policy and the bounds (`Guard`): submission, reads and the driver check requests with it."""
         self.runs = RunStore(store, index_path)
         self.reader = RunReader(self.runs, executor)
         self.driver = Driver(
@@ -100,6 +104,7 @@ class RunTracker:
             grace_s=grace_s,
             merge_wait_s=merge_wait_s,
             config=driver,
+            output_check=self.guard.output_failure,
         )
         self._requests: dict[tuple[str, str], threading.Lock] = {}
         self._requests_lock = threading.Lock()
@@ -150,8 +155,14 @@ class RunTracker:
 
     def _submit(self, submission: Submission, identity: Identity) -> RunRecord:
         run_id = new_run_id()
+        self.guard.check_submission(identity, submission.workflow, 0, 0)  # the text's size, before it is parsed
         workflow = parse_workflow(submission.workflow)
+        self.guard.check_submission(
+            identity, submission.workflow, len(workflow.spec.tasks), self._active_runs(identity.name)
+        )
         reserve = submission.reserve or workflow.spec.reserve
+        if reserve:
+            self.guard.check_reservation(identity, reserve)
         check_snapshots(self.store, submission.snapshots)
         environment = self.environments.resolve(submission.snapshots)
         if environment.state == EnvironmentState.FAILED:
@@ -209,6 +220,9 @@ class RunTracker:
         model_root = check_snapshots(self.store, snapshots)
         interpreter = self.interpreters.interpreter(environment.environment_id, snapshots=snapshots)
         descriptions = describe_tasks(self.describer, interpreter, model_root, workflow)
+        for task_id, description in descriptions.items():
+            if description.split:
+                self.guard.check_units(task_id, description.units)
         nodes = reserving(self.executor.nodes(), run_id, reserve)
         priority = identity.priority if isinstance(identity, Identity) else Priority(identity.priority)
         return plan_tasks(workflow, descriptions, self.learner, nodes, snapshots[0].name, priority, mode, run_id)
@@ -260,7 +274,7 @@ class RunTracker:
             FailedPrecondition: the run has ended already.
         """
         with self.runs.run_lock(run_id):
-            record = self.runs.get(run_id)
+            record = self.get(run_id, identity)
             submitter = record.identity
             allowed = identity.is_owner or identity.name in (submitter.name, submitter.on_behalf_of)
             if not allowed:
@@ -286,29 +300,61 @@ class RunTracker:
             timer.cancel()
         return self.runs.get(run_id)
 
-    # --- queries ---------------------------------------------------------------------------------------------
+    def _active_runs(self, name: str) -> int:
+        """Runs not yet ended that `name` submitted (itself, not its agents)."""
+        rows = self.runs.index.rows(owner=name)
+        return sum(1 for row in rows if (row.agent or row.owner) == name and not RunState(row.state).final)
 
-    def get(self, run_id: str) -> RunRecord:
-        return self.reader.get(run_id)
+    # --- queries: with an identity, each follows the read policy (a hidden run is NOT_FOUND) ------------------
 
-    def list_runs(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
-        return self.reader.list_runs(group, state, owner)
+    def get(self, run_id: str, identity: Identity | None = None) -> RunRecord:
+        record = self.reader.get(run_id)
+        if identity is not None:
+            self.guard.check_read(identity, record)
+        return record
 
-    def page(self, group: str, state: str, owner: str, page_size: int, page_token: str) -> tuple[list[RunRecord], str]:
-        return self.reader.page(group, state, owner, page_size, page_token)
+    def list_runs(
+        self, group: str = "", state: str = "", owner: str = "", identity: Identity | None = None
+    ) -> list[str]:
+        visible = self.guard.visibility(identity) if identity is not None else None
+        return self.reader.list_runs(group, state, owner, visible)
+
+    def page(
+        self,
+        group: str,
+        state: str,
+        owner: str,
+        page_size: int,
+        page_token: str,
+        identity: Identity | None = None,
+    ) -> tuple[list[RunRecord], str]:
+        visible = self.guard.visibility(identity) if identity is not None else None
+        return self.reader.page(group, state, owner, page_size, page_token, visible)
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
         return self.reader.progress(record)
 
     def watch(
-        self, run_id: str, alive: Callable[[], bool] = lambda: True
+        self, run_id: str, alive: Callable[[], bool] = lambda: True, identity: Identity | None = None
     ) -> Iterator[tuple[RunRecord, list[TaskProgress]]]:
+        self.get(run_id, identity)
         return self.reader.watch(run_id, alive)
 
-    def logs(self, run_id: str, task_id: str, worker: str = "", follow: bool = False) -> Iterator[tuple[str, str]]:
+    def logs(
+        self, run_id: str, task_id: str, worker: str = "", follow: bool = False, identity: Identity | None = None
+    ) -> Iterator[tuple[str, str]]:
+        self.get(run_id, identity)
         return self.reader.logs(run_id, task_id, worker, follow)
 
-    def compare(self, run_ids: list[str], group: str = "") -> Comparison:
+    def compare(self, run_ids: list[str], group: str = "", identity: Identity | None = None) -> Comparison:
+        if identity is not None:
+            if run_ids:
+                for run_id in run_ids:
+                    self.get(run_id, identity)
+            else:
+                run_ids = list(reversed(self.list_runs(group=group, identity=identity)))
+                if group and not run_ids:
+                    raise NotFound(f"no runs in group {group!r}")
         return self.reader.compare(run_ids, group)
 
     def nodes(self) -> list[Node]:

@@ -25,6 +25,12 @@ def current_identity() -> Identity:
     return identity
 
 
+def caller_identity() -> Identity | None:
+    """The identity of the request being served, or None on a server without authentication (tests, a trusted
+    service alone); a servicer's authorization passes such calls."""
+    return _identity.get()
+
+
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """The call metadata that carries a bearer token."""
     return ((AUTHORIZATION, f"Bearer {token}"),) if token else ()

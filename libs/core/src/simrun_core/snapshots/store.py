@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,9 @@ from typing import Any, Protocol
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Provenance
 
+from simrun_core.config import Limits
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from simrun_core.identity import write_private
 from simrun_core.snapshots.model import (
     FileEntry,
     Snapshot,
@@ -105,8 +108,37 @@ class _Contents:
 class SnapshotStore:
     """The snapshots of a store: `snapshots/<name>/<snapshot_id>/` with `<snapshot_id>.files.json` beside it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, limits: Limits | None = None) -> None:
         self.layout = StoreLayout(Path(root))
+        self.limits = limits or Limits()
+        self._readers_lock = threading.Lock()
+
+    def _bounded(self, entries: list[FileEntry], tar_size: int | None = None) -> list[FileEntry]:
+        """Refuses a listing or upload past the configured bounds, before anything is written.
+
+        Raises:
+            InvalidArgument: too many files, a path component longer than the file system takes, or an upload
+                larger than `limits.upload_bytes`.
+        """
+        limits = self.limits
+        if len(entries) > limits.files_per_snapshot:
+            raise InvalidArgument(
+                f"the snapshot has {len(entries)} files, more than the {limits.files_per_snapshot} this server takes "
+                "(limits.files_per_snapshot): ignore generated files in .gitignore"
+            )
+        for entry in entries:
+            for component in entry.path.split("/"):
+                if len(component.encode()) > limits.path_component_bytes:
+                    raise InvalidArgument(
+                        f"path {entry.path[:80]!r} has a component of {len(component.encode())} bytes, more than "
+                        f"the {limits.path_component_bytes} a file name may have: rename it"
+                    )
+        if tar_size is not None and tar_size > limits.upload_bytes:
+            raise InvalidArgument(
+                f"the upload announces {tar_size} bytes, more than the {limits.upload_bytes} this server takes "
+                "(limits.upload_bytes)"
+            )
+        return entries
 
     # reading
 
@@ -144,7 +176,7 @@ class SnapshotStore:
     def find_missing(self, name: str, files: Iterable[FileEntry]) -> list[str]:
         """The hashes of the announced regular contents that the latest snapshot of the name lacks, sorted."""
         validate_name(name)
-        entries = validate_files(files)
+        entries = self._bounded(validate_files(files))
         have = self._latest_contents(name).hashes
         return sorted({e.sha256 for e in entries if not e.is_symlink and e.sha256 not in have})
 
@@ -164,7 +196,7 @@ class SnapshotStore:
             FailedPrecondition: a content neither the source nor the store has.
         """
         validate_name(name)
-        entries = validate_files(files)
+        entries = self._bounded(validate_files(files))
         snapshot_id = content_id(entries)
         reused = self.reuse(name, snapshot_id, provenance)
         if reused is not None:
@@ -198,6 +230,7 @@ class SnapshotStore:
         entries = validate_files(files)
         if tar_size < 0:
             raise InvalidArgument(f"negative tar_size {tar_size}")
+        self._bounded(entries, tar_size)
         snapshot_id = content_id(entries)
         reused = self.reuse(name, snapshot_id, provenance)
         if reused is not None:
@@ -315,6 +348,29 @@ class SnapshotStore:
         except FileNotFoundError:
             return None
         return data
+
+    # who has a snapshot (the read policy)
+
+    def add_reader(self, name: str, snapshot_id: str, reader: tuple[str, str | None]) -> None:
+        """Records that an identity (name, the person it acts for) made a snapshot or named it by its id.
+
+        A snapshot is named by its content, so naming its id is having its content: the identity may list it
+        from now on. Written atomically; a lost race only loses one reader, who is added on its next request.
+        """
+        with self._readers_lock:
+            readers = self.readers(name, snapshot_id)
+            if readers is not None and reader in readers:
+                return
+            merged = sorted({*(readers or []), reader}, key=lambda r: (r[0], r[1] or ""))
+            write_private(self.layout.snapshot_readers(name, snapshot_id), json.dumps(merged) + "\n")
+
+    def readers(self, name: str, snapshot_id: str) -> list[tuple[str, str | None]] | None:
+        """The identities that have a snapshot; None for one no service recorded (written into a mounted store)."""
+        try:
+            data = json.loads(self.layout.snapshot_readers(name, snapshot_id).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return [(str(r[0]), r[1] if r[1] is None else str(r[1])) for r in data]
 
     def _existing(self, name: str, snapshot_id: str) -> Snapshot | None:
         """A snapshot whose folder is in place (its listing is written before it)."""

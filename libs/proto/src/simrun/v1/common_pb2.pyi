@@ -681,7 +681,7 @@ class Identity(_message.Message):
     name: _builtins.str
     """The name of the person or agent."""
     kind: _builtins.str
-    """owner, person or agent."""
+    """owner, person, agent or service."""
     on_behalf_of: _builtins.str
     """The person an agent acts for; empty for a person."""
     priority: Global___Priority.ValueType

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from simrun.v1 import common_pb2 as simrun_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17simrun/v1/learner.proto\x12\tsimrun.v1\x1a\x16simrun/v1/common.proto\"m\n\x17ResolveResourcesRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.simrun.v1.ObservationKey\x12*\n\x04hint\x18\x02 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\"K\n\x18ResolveResourcesResponse\x12/\n\tresources\x18\x01 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\"G\n\x18\x43reateObservationRequest\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Observation\"H\n\x19\x43reateObservationResponse\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Observation\"h\n\x17ListObservationsRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.simrun.v1.ObservationKey\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"a\n\x18ListObservationsResponse\x12,\n\x0cobservations\x18\x01 \x03(\x0b\x32\x16.simrun.v1.Observation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"m\n\x13\x45stimateTaskRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.simrun.v1.ObservationKey\x12\r\n\x05units\x18\x02 \x01(\x05\x12\x0c\n\x04pods\x18\x03 \x01(\x05\x12\x11\n\tprocesses\x18\x04 \x01(\x05\"M\n\x14\x45stimateTaskResponse\x12\x14\n\x0cunit_seconds\x18\x01 \x01(\x01\x12\x0e\n\x06rounds\x18\x02 \x01(\x05\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\x83\x03\n\x16ResourceLearnerService\x12[\n\x10ResolveResources\x12\".simrun.v1.ResolveResourcesRequest\x1a#.simrun.v1.ResolveResourcesResponse\x12^\n\x11\x43reateObservation\x12#.simrun.v1.CreateObservationRequest\x1a$.simrun.v1.CreateObservationResponse\x12[\n\x10ListObservations\x12\".simrun.v1.ListObservationsRequest\x1a#.simrun.v1.ListObservationsResponse\x12O\n\x0c\x45stimateTask\x12\x1e.simrun.v1.EstimateTaskRequest\x1a\x1f.simrun.v1.EstimateTaskResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17simrun/v1/learner.proto\x12\tsimrun.v1\x1a\x16simrun/v1/common.proto\"m\n\x17ResolveResourcesRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.simrun.v1.ObservationKey\x12*\n\x04hint\x18\x02 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\"K\n\x18ResolveResourcesResponse\x12/\n\tresources\x18\x01 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\"G\n\x18\x43reateObservationRequest\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Observation\"H\n\x19\x43reateObservationResponse\x12+\n\x0bobservation\x18\x01 \x01(\x0b\x32\x16.simrun.v1.Observation\"h\n\x17ListObservationsRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.simrun.v1.ObservationKey\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"a\n\x18ListObservationsResponse\x12,\n\x0cobservations\x18\x01 \x03(\x0b\x32\x16.simrun.v1.Observation\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x19\x44\x65leteObservationsRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.simrun.v1.ObservationKey\"3\n\x1a\x44\x65leteObservationsResponse\x12\x15\n\rdeleted_count\x18\x01 \x01(\x05\"m\n\x13\x45stimateTaskRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.simrun.v1.ObservationKey\x12\r\n\x05units\x18\x02 \x01(\x05\x12\x0c\n\x04pods\x18\x03 \x01(\x05\x12\x11\n\tprocesses\x18\x04 \x01(\x05\"M\n\x14\x45stimateTaskResponse\x12\x14\n\x0cunit_seconds\x18\x01 \x01(\x01\x12\x0e\n\x06rounds\x18\x02 \x01(\x05\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\xe6\x03\n\x16ResourceLearnerService\x12[\n\x10ResolveResources\x12\".simrun.v1.ResolveResourcesRequest\x1a#.simrun.v1.ResolveResourcesResponse\x12^\n\x11\x43reateObservation\x12#.simrun.v1.CreateObservationRequest\x1a$.simrun.v1.CreateObservationResponse\x12[\n\x10ListObservations\x12\".simrun.v1.ListObservationsRequest\x1a#.simrun.v1.ListObservationsResponse\x12\x61\n\x12\x44\x65leteObservations\x12$.simrun.v1.DeleteObservationsRequest\x1a%.simrun.v1.DeleteObservationsResponse\x12O\n\x0c\x45stimateTask\x12\x1e.simrun.v1.EstimateTaskRequest\x1a\x1f.simrun.v1.EstimateTaskResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,10 +44,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTOBSERVATIONSREQUEST']._serialized_end=501
   _globals['_LISTOBSERVATIONSRESPONSE']._serialized_start=503
   _globals['_LISTOBSERVATIONSRESPONSE']._serialized_end=600
-  _globals['_ESTIMATETASKREQUEST']._serialized_start=602
-  _globals['_ESTIMATETASKREQUEST']._serialized_end=711
-  _globals['_ESTIMATETASKRESPONSE']._serialized_start=713
-  _globals['_ESTIMATETASKRESPONSE']._serialized_end=790
-  _globals['_RESOURCELEARNERSERVICE']._serialized_start=793
-  _globals['_RESOURCELEARNERSERVICE']._serialized_end=1180
+  _globals['_DELETEOBSERVATIONSREQUEST']._serialized_start=602
+  _globals['_DELETEOBSERVATIONSREQUEST']._serialized_end=669
+  _globals['_DELETEOBSERVATIONSRESPONSE']._serialized_start=671
+  _globals['_DELETEOBSERVATIONSRESPONSE']._serialized_end=722
+  _globals['_ESTIMATETASKREQUEST']._serialized_start=724
+  _globals['_ESTIMATETASKREQUEST']._serialized_end=833
+  _globals['_ESTIMATETASKRESPONSE']._serialized_start=835
+  _globals['_ESTIMATETASKRESPONSE']._serialized_end=912
+  _globals['_RESOURCELEARNERSERVICE']._serialized_start=915
+  _globals['_RESOURCELEARNERSERVICE']._serialized_end=1401
 # @@protoc_insertion_point(module_scope)

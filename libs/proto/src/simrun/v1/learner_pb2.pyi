@@ -182,6 +182,52 @@ class ListObservationsResponse(_message.Message):
 Global___ListObservationsResponse: _TypeAlias = ListObservationsResponse  # noqa: Y015
 
 @_typing.final
+class DeleteObservationsRequest(_message.Message):
+    """Which key's observations to forget."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def key(self) -> _common_pb2.ObservationKey:
+        """The key."""
+
+    def __init__(
+        self,
+        *,
+        key: _common_pb2.ObservationKey | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteObservationsRequest: _TypeAlias = DeleteObservationsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteObservationsResponse(_message.Message):
+    """How many observations were forgotten."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_COUNT_FIELD_NUMBER: _builtins.int
+    deleted_count: _builtins.int
+    """Number of observations deleted."""
+    def __init__(
+        self,
+        *,
+        deleted_count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_count", b"deleted_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteObservationsResponse: _TypeAlias = DeleteObservationsResponse  # noqa: Y015
+
+@_typing.final
 class EstimateTaskRequest(_message.Message):
     """A split task to estimate."""
 

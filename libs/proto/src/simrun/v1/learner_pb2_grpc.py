@@ -50,6 +50,11 @@ class ResourceLearnerServiceStub:
                 request_serializer=simrun_dot_v1_dot_learner__pb2.ListObservationsRequest.SerializeToString,
                 response_deserializer=simrun_dot_v1_dot_learner__pb2.ListObservationsResponse.FromString,
                 _registered_method=True)
+        self.DeleteObservations = channel.unary_unary(
+                '/simrun.v1.ResourceLearnerService/DeleteObservations',
+                request_serializer=simrun_dot_v1_dot_learner__pb2.DeleteObservationsRequest.SerializeToString,
+                response_deserializer=simrun_dot_v1_dot_learner__pb2.DeleteObservationsResponse.FromString,
+                _registered_method=True)
         self.EstimateTask = channel.unary_unary(
                 '/simrun.v1.ResourceLearnerService/EstimateTask',
                 request_serializer=simrun_dot_v1_dot_learner__pb2.EstimateTaskRequest.SerializeToString,
@@ -69,14 +74,21 @@ class ResourceLearnerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateObservation(self, request, context):
-        """Records one observation. Returns INVALID_ARGUMENT for a negative memory or an incomplete key.
+        """Records one observation; only a service identity (the run tracker) may. Returns PERMISSION_DENIED for people and agents, INVALID_ARGUMENT for a negative memory or an incomplete key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListObservations(self, request, context):
-        """Lists a key's observations, oldest first. Returns INVALID_ARGUMENT for a negative page size or a bad page token.
+        """Lists a key's observations, oldest first; the owner and services only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for a negative page size or a bad page token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteObservations(self, request, context):
+        """Forgets every observation of a key, so its requests fall back to the type's hint; the owner only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for an incomplete key.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,6 +118,11 @@ def add_ResourceLearnerServiceServicer_to_server(servicer, server):
                     servicer.ListObservations,
                     request_deserializer=simrun_dot_v1_dot_learner__pb2.ListObservationsRequest.FromString,
                     response_serializer=simrun_dot_v1_dot_learner__pb2.ListObservationsResponse.SerializeToString,
+            ),
+            'DeleteObservations': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteObservations,
+                    request_deserializer=simrun_dot_v1_dot_learner__pb2.DeleteObservationsRequest.FromString,
+                    response_serializer=simrun_dot_v1_dot_learner__pb2.DeleteObservationsResponse.SerializeToString,
             ),
             'EstimateTask': grpc.unary_unary_rpc_method_handler(
                     servicer.EstimateTask,
@@ -195,6 +212,33 @@ class ResourceLearnerService:
             '/simrun.v1.ResourceLearnerService/ListObservations',
             simrun_dot_v1_dot_learner__pb2.ListObservationsRequest.SerializeToString,
             simrun_dot_v1_dot_learner__pb2.ListObservationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteObservations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/simrun.v1.ResourceLearnerService/DeleteObservations',
+            simrun_dot_v1_dot_learner__pb2.DeleteObservationsRequest.SerializeToString,
+            simrun_dot_v1_dot_learner__pb2.DeleteObservationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,9 +36,11 @@ class ResourceLearnerServiceStub:
     ResolveResources: _grpc.UnaryUnaryMultiCallable[_learner_pb2.ResolveResourcesRequest, _learner_pb2.ResolveResourcesResponse]
     """Resolves the resources of a key from its observations and the type's hint. Returns INVALID_ARGUMENT for an incomplete key."""
     CreateObservation: _grpc.UnaryUnaryMultiCallable[_learner_pb2.CreateObservationRequest, _learner_pb2.CreateObservationResponse]
-    """Records one observation. Returns INVALID_ARGUMENT for a negative memory or an incomplete key."""
+    """Records one observation; only a service identity (the run tracker) may. Returns PERMISSION_DENIED for people and agents, INVALID_ARGUMENT for a negative memory or an incomplete key."""
     ListObservations: _grpc.UnaryUnaryMultiCallable[_learner_pb2.ListObservationsRequest, _learner_pb2.ListObservationsResponse]
-    """Lists a key's observations, oldest first. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+    """Lists a key's observations, oldest first; the owner and services only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for a negative page size or a bad page token."""
+    DeleteObservations: _grpc.UnaryUnaryMultiCallable[_learner_pb2.DeleteObservationsRequest, _learner_pb2.DeleteObservationsResponse]
+    """Forgets every observation of a key, so its requests fall back to the type's hint; the owner only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for an incomplete key."""
     EstimateTask: _grpc.UnaryUnaryMultiCallable[_learner_pb2.EstimateTaskRequest, _learner_pb2.EstimateTaskResponse]
     """Estimates the seconds of a split task from the learned seconds of its units. Returns FAILED_PRECONDITION when nothing is learned."""
 
@@ -50,9 +52,11 @@ class ResourceLearnerServiceAsyncStub(ResourceLearnerServiceStub):
     ResolveResources: _aio.UnaryUnaryMultiCallable[_learner_pb2.ResolveResourcesRequest, _learner_pb2.ResolveResourcesResponse]  # type: ignore[assignment]
     """Resolves the resources of a key from its observations and the type's hint. Returns INVALID_ARGUMENT for an incomplete key."""
     CreateObservation: _aio.UnaryUnaryMultiCallable[_learner_pb2.CreateObservationRequest, _learner_pb2.CreateObservationResponse]  # type: ignore[assignment]
-    """Records one observation. Returns INVALID_ARGUMENT for a negative memory or an incomplete key."""
+    """Records one observation; only a service identity (the run tracker) may. Returns PERMISSION_DENIED for people and agents, INVALID_ARGUMENT for a negative memory or an incomplete key."""
     ListObservations: _aio.UnaryUnaryMultiCallable[_learner_pb2.ListObservationsRequest, _learner_pb2.ListObservationsResponse]  # type: ignore[assignment]
-    """Lists a key's observations, oldest first. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+    """Lists a key's observations, oldest first; the owner and services only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for a negative page size or a bad page token."""
+    DeleteObservations: _aio.UnaryUnaryMultiCallable[_learner_pb2.DeleteObservationsRequest, _learner_pb2.DeleteObservationsResponse]  # type: ignore[assignment]
+    """Forgets every observation of a key, so its requests fall back to the type's hint; the owner only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for an incomplete key."""
     EstimateTask: _aio.UnaryUnaryMultiCallable[_learner_pb2.EstimateTaskRequest, _learner_pb2.EstimateTaskResponse]  # type: ignore[assignment]
     """Estimates the seconds of a split task from the learned seconds of its units. Returns FAILED_PRECONDITION when nothing is learned."""
 
@@ -73,7 +77,7 @@ class ResourceLearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _learner_pb2.CreateObservationRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_learner_pb2.CreateObservationResponse, _abc.Awaitable[_learner_pb2.CreateObservationResponse]]:
-        """Records one observation. Returns INVALID_ARGUMENT for a negative memory or an incomplete key."""
+        """Records one observation; only a service identity (the run tracker) may. Returns PERMISSION_DENIED for people and agents, INVALID_ARGUMENT for a negative memory or an incomplete key."""
 
     @_abc_1.abstractmethod
     def ListObservations(
@@ -81,7 +85,15 @@ class ResourceLearnerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _learner_pb2.ListObservationsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_learner_pb2.ListObservationsResponse, _abc.Awaitable[_learner_pb2.ListObservationsResponse]]:
-        """Lists a key's observations, oldest first. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+        """Lists a key's observations, oldest first; the owner and services only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for a negative page size or a bad page token."""
+
+    @_abc_1.abstractmethod
+    def DeleteObservations(
+        self,
+        request: _learner_pb2.DeleteObservationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_learner_pb2.DeleteObservationsResponse, _abc.Awaitable[_learner_pb2.DeleteObservationsResponse]]:
+        """Forgets every observation of a key, so its requests fall back to the type's hint; the owner only. Returns PERMISSION_DENIED for others, INVALID_ARGUMENT for an incomplete key."""
 
     @_abc_1.abstractmethod
     def EstimateTask(

@@ -7,8 +7,10 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -22,7 +24,8 @@ from simrun_core.config import LocalExecutorConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_core.identity import priority_value
 from simrun_planner import Node
-from simrun_runtime.layout import StoreLayout, checked_worker
+from simrun_runtime.layout import WORKER_NAME, StoreLayout, UnsafePath, checked_worker, open_beneath, open_log
+from simrun_runtime.record import RunRecord
 
 from simrun_tracker.executor import (
     SIGKILL_EXIT,
@@ -39,6 +42,7 @@ from simrun_tracker.executor import (
 )
 from simrun_tracker.local.admission import Placed, Slot, Waiting, decide
 from simrun_tracker.local.config import configured_nodes, default_nodes
+from simrun_tracker.local.confinement import PodConfinement, PodPaths, pod_environment
 from simrun_tracker.local.memory import (
     GIB,
     CgroupPool,
@@ -79,6 +83,8 @@ class _Pod:
     """Queue order while pending, admission order while running."""
     process: subprocess.Popen[bytes] | None = None
     cgroup: PodCgroup | None = None
+    scratch: Path | None = None
+    """The attempt's own scratch folder (its HOME and TMPDIR), removed when it exits."""
     stopping: str | None = None
     """Why it was sent SIGTERM: `preempted`, `evicted` or `stopped`."""
     kill_at: float | None = None
@@ -102,6 +108,8 @@ class LocalExecutor:
         cgroup_root: the memory cgroup mount (v1 `/sys/fs/cgroup/memory` or v2 `/sys/fs/cgroup`), `"auto"` to detect
             it, or None to enforce limits with the watchdog only.
         poll_s: seconds between two passes of the scheduler.
+        confinement: how pods are confined (`PodConfinement`); None for Landlock where the kernel has it.
+        pod_variables: more of the server's environment variables that reach pods (the allow-list's extension).
     """
 
     ordering = TaskOrdering.DRIVER
@@ -113,6 +121,8 @@ class LocalExecutor:
         nodes: list[Node] | None = None,
         cgroup_root: Path | Literal["auto"] | None = "auto",
         poll_s: float = 0.1,
+        confinement: PodConfinement | None = None,
+        pod_variables: list[str] | None = None,
     ) -> None:
         self._nodes = list(nodes) if nodes is not None else default_nodes()
         if not self._nodes:
@@ -123,6 +133,9 @@ class LocalExecutor:
         self.executor_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._store = StoreLayout(Path(store_root))
         self._launcher = launcher
+        self._confinement = confinement or PodConfinement()
+        self._pod_variables = list(pod_variables or [])
+        self._scratch_root = Path(tempfile.mkdtemp(prefix=f"simrun-scratch-{self.executor_id}-"))
         self._listeners: list[ChangeListener] = []
         self._history: dict[tuple[str, str, str], tuple[list[MemoryKill], int]] = {}
         root = detect_cgroup_root() if cgroup_root == "auto" else cgroup_root
@@ -152,6 +165,8 @@ class LocalExecutor:
             nodes=configured_nodes(config.nodes),
             cgroup_root=config.cgroup_root,
             poll_s=config.poll_s,
+            confinement=PodConfinement(config.confinement),
+            pod_variables=config.pod_variables,
         )
 
     @property
@@ -209,16 +224,25 @@ class LocalExecutor:
                 self._history[key] = ([dataclasses.replace(k) for k in pod.memory_kills], pod.attempts)
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
-        """Reads `tasks/<task>/logs/<worker>.log` of the store, from where the last read stopped."""
-        logs_dir = self._store.run(run_id).task(task_id).logs
+        """Reads `tasks/<task>/logs/<worker>.log` of the store, from where the last read stopped.
+
+        The logs folder is in the task's folder, which its pods write: only regular files named by a worker are
+        read, never through a symbolic link (a task could point one at the tokens file).
+        """
+        task = self._store.run(run_id).task(task_id)
         offsets: dict[str, int] = {}
-        pattern = f"{checked_worker(worker)}.log" if worker else "*.log"
+        wanted = checked_worker(worker) if worker else None
         while True:
             live = follow and any(not p.status.phase.final for p in self._pods_of(run_id) if p.spec.task_id == task_id)
-            for path in sorted(logs_dir.glob(pattern)) if logs_dir.is_dir() else []:
-                with open(path, "rb") as f:
-                    f.seek(offsets.get(path.name, 0))
+            for name in _log_names(task.logs, wanted):
+                try:
+                    fd = open_beneath(task.root, "logs", name)
+                except (UnsafePath, OSError):
+                    continue
+                with os.fdopen(fd, "rb") as f:
+                    f.seek(offsets.get(name, 0))
                     data = f.read()
+                path = task.logs / name
                 cut = data.rfind(b"\n") + 1
                 if cut:
                     offsets[path.name] = offsets.get(path.name, 0) + cut
@@ -290,6 +314,7 @@ class LocalExecutor:
                     self._exited(pod, pod.process.wait())
             if self._cgroups is not None:
                 self._cgroups.close()
+        shutil.rmtree(self._scratch_root, ignore_errors=True)
 
     # The scheduler thread.
 
@@ -378,23 +403,33 @@ class LocalExecutor:
         limit = int(status.memory_gb * GIB)
         processes = spec.processes_after(self._retried(status))
         run = self._store.run(spec.run_id)
-        log_path = run.task(spec.task_id).logs / f"{spec.worker}.log"
-        env = self._variables(spec, processes)
+        name = f"{re.sub(r'[^A-Za-z0-9._-]', '_', spec.pod_id)}.{status.attempts}"
         try:
+            pod.scratch = self._scratch_root / name
+            pod.scratch.mkdir(mode=0o700)
+            env = self._variables(spec, processes, pod.scratch)
             command = list(self._launcher(spec))
             if self._cgroups is not None:
-                name = f"{re.sub(r'[^A-Za-z0-9._-]', '_', spec.pod_id)}.{status.attempts}"
                 pod.cgroup = self._cgroups.create(name, limit)
                 env["SIMRUN_CGROUP"] = str(pod.cgroup.path)
+            paths = PodPaths.of(
+                self._store,
+                spec.run_id,
+                spec.task_id,
+                _snapshots(run.record),
+                pod.scratch,
+                pod.cgroup.path if pod.cgroup is not None else None,
+            )
+            command = self._confinement.command(command[0], command, paths)
+            if pod.cgroup is not None:
                 command = ["/bin/sh", "-c", _ENTER_CGROUP, str(pod.cgroup.procs_file), *command]
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with log_path.open("ab") as log:
+            with os.fdopen(open_log(run.task(spec.task_id), spec.worker), "ab") as log:
                 limit_by = f"cgroup v{self._cgroups.version}" if self._cgroups else "watchdog"
                 log.write(
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
                     f"memory limit {gib(status.memory_gb)} GiB "
                     f"({gib(spec.per_process_gb(status.memory_gb, processes))} GiB per process, {limit_by}), "
-                    f"cores {spec.cores}, {_now()} ===\n".encode()
+                    f"cores {spec.cores}, {self._confinement.describe()}, {_now()} ===\n".encode()
                 )
                 log.flush()
                 pod.process = subprocess.Popen(
@@ -411,15 +446,22 @@ class LocalExecutor:
             if pod.cgroup is not None:
                 pod.cgroup.remove()
                 pod.cgroup = None
+            self._remove_scratch(pod)
             self._final(pod, PodPhase.FAILED, f"cannot start: {exc}")
 
-    def _variables(self, spec: PodSpec, processes: int) -> dict[str, str]:
-        """A pod's environment variables: the machine's, then the runtime contract with the store's paths here."""
-        env = {**os.environ, **spec.contract, "SIMRUN_PROCESSES": str(processes)}
+    def _variables(self, spec: PodSpec, processes: int, scratch: Path) -> dict[str, str]:
+        """A pod's environment variables: the runtime contract with the store's paths here, a private HOME and
+        TMPDIR, and of the server's only the allow-list (`pod_environment`), never its secrets or its home."""
+        contract = {**spec.contract, "SIMRUN_PROCESSES": str(processes)}
         for name in STORE_PATH_VARIABLES & spec.contract.keys():
-            env[name] = str(self._store.root / spec.contract[name])
-        env.pop("SIMRUN_CGROUP", None)
-        return env
+            contract[name] = str(self._store.root / spec.contract[name])
+        contract.pop("SIMRUN_CGROUP", None)
+        return pod_environment(contract, scratch, extra=self._pod_variables)
+
+    def _remove_scratch(self, pod: _Pod) -> None:
+        if pod.scratch is not None:
+            shutil.rmtree(pod.scratch, ignore_errors=True)
+            pod.scratch = None
 
     @staticmethod
     def _retried(status: PodStatus) -> bool:
@@ -459,6 +501,7 @@ class LocalExecutor:
         _signal_group(pod.process.pid, signal.SIGKILL)
         if pod.cgroup is not None:
             pod.cgroup.remove()
+        self._remove_scratch(pod)
         pod.process = None
         pod.cgroup = None
         stopping, pod.stopping, pod.kill_at = pod.stopping, None, None
@@ -550,13 +593,33 @@ class LocalExecutor:
             _signal_group(pod.process.pid, signal.SIGTERM)
 
     def _log(self, pod: _Pod, line: str) -> None:
-        log_path = self._store.run(pod.spec.run_id).task(pod.spec.task_id).logs / f"{pod.spec.worker}.log"
-        with contextlib.suppress(OSError), log_path.open("a") as log:
+        task = self._store.run(pod.spec.run_id).task(pod.spec.task_id)
+        with contextlib.suppress(OSError, UnsafePath), os.fdopen(open_log(task, pod.spec.worker), "a") as log:
             log.write(f"=== simrun: attempt {pod.status.attempts} {line} ===\n")
 
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
+
+
+def _snapshots(record_path: Path) -> list[tuple[str, str]]:
+    """The (name, snapshot id) pairs of a run's record, which its pods may read; none without a record."""
+    try:
+        record = RunRecord.model_validate_json(record_path.read_bytes())
+    except FileNotFoundError:
+        return []
+    return [(snapshot.name, snapshot.snapshot_id) for snapshot in record.snapshots]
+
+
+def _log_names(logs: Path, worker: str | None) -> list[str]:
+    """The pod logs of a logs folder: `<worker>.log` for worker names only, sorted; one worker's when given."""
+    if worker is not None:
+        return [f"{worker}.log"]
+    try:
+        names = [entry.name for entry in os.scandir(logs) if entry.is_file(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(n for n in names if n.endswith(".log") and WORKER_NAME.fullmatch(n.removesuffix(".log")))
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -1,0 +1,147 @@
+"""The Landlock launcher: a confined command reads and writes only what it is given, by no path around it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from simrun_runtime.confine import Rules, interpreter_paths, landlock_abi
+
+pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+
+
+def confined(tmp_path: Path, script: str, *, read: list[Path], write: list[Path]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "simrun_runtime.confine"]
+    for path in read:
+        command += ["--read", str(path)]
+    for path in write:
+        command += ["--write", str(path)]
+    command += ["--", sys.executable, "-c", script]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, Path]:
+    """A secret outside, a read-only snapshot file, a writable task folder."""
+    paths = {
+        "secret": tmp_path / "home" / "tokens.yaml",
+        "snapshot": tmp_path / "store" / "snapshots" / "m" / "s1" / "model.py",
+        "task": tmp_path / "store" / "runs" / "r1" / "tasks" / "t",
+    }
+    paths["secret"].parent.mkdir(parents=True)
+    paths["secret"].write_text("owner: alice\n")
+    paths["snapshot"].parent.mkdir(parents=True)
+    paths["snapshot"].write_text("X = 1\n")
+    paths["snapshot"].chmod(0o444)
+    paths["task"].mkdir(parents=True)
+    return paths
+
+
+def test_the_command_reads_and_writes_what_it_is_given(tmp_path: Path, tree: dict[str, Path]) -> None:
+    script = (
+        f"import pathlib; print(pathlib.Path({str(tree['snapshot'])!r}).read_text().strip()); "
+        f"pathlib.Path({str(tree['task'] / 'out.txt')!r}).write_text('ok')"
+    )
+    result = confined(tmp_path, script, read=[tree["snapshot"].parent], write=[tree["task"]])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "X = 1"
+    assert (tree["task"] / "out.txt").read_text() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("attack", "expected"),
+    [
+        ("open(SECRET).read()", "PermissionError"),
+        ("open(SNAPSHOT, 'a').write('pwned')", "PermissionError"),
+        ("os.chmod(SNAPSHOT, 0o666); open(SNAPSHOT, 'a').write('pwned')", "PermissionError"),
+        ("os.link(SNAPSHOT, TASK + '/l'); open(TASK + '/l', 'a').write('pwned')", "OSError"),
+        ("os.rename(SNAPSHOT, TASK + '/moved')", "PermissionError"),
+        ("os.unlink(SNAPSHOT)", "PermissionError"),
+        ("os.symlink(SNAPSHOT, TASK + '/s'); open(TASK + '/s', 'a').write('pwned')", "PermissionError"),
+        ("open(os.path.dirname(SNAPSHOT) + '/new.py', 'w').write('pwned')", "PermissionError"),
+        ("os.listdir(os.path.dirname(SECRET))", "PermissionError"),
+    ],
+)
+def test_an_attack_is_refused_and_nothing_changes(
+    tmp_path: Path, tree: dict[str, Path], attack: str, expected: str
+) -> None:
+    script = (
+        f"import os\nSECRET={str(tree['secret'])!r}\nSNAPSHOT={str(tree['snapshot'])!r}\nTASK={str(tree['task'])!r}\n"
+        f"try:\n    {attack}\nexcept OSError as exc:\n    print(type(exc).__name__)\nelse:\n    print('DONE')\n"
+    )
+    result = confined(tmp_path, script, read=[tree["snapshot"].parent], write=[tree["task"]])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() in (expected, "PermissionError", "OSError"), result.stdout
+    assert tree["secret"].read_text() == "owner: alice\n"
+    assert tree["snapshot"].read_text() == "X = 1\n"
+    assert stat.S_IMODE(tree["snapshot"].stat().st_mode) == 0o444
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pod of an unprivileged server owns no system file")
+def test_a_root_pod_cannot_change_modes_anywhere(tmp_path: Path, tree: dict[str, Path]) -> None:
+    """chmod is outside Landlock; for root the launcher mounts everything but the write paths read-only."""
+    target = os.path.realpath(sys.executable)
+    before = os.stat(target).st_mode
+    script = (
+        "import os, sys\n"
+        f"for path in ({target!r}, {str(tree['secret'])!r}):\n"
+        "    try:\n        os.chmod(path, 0o4777); print('changed')\n"
+        "    except OSError as exc:\n        print(exc.errno)\n"
+        f"open({str(tree['task'] / 'f')!r}, 'w').write('still writable')\n"
+    )
+    result = confined(tmp_path, script, read=[], write=[tree["task"]])
+    assert result.returncode == 0, result.stderr
+    assert "changed" not in result.stdout
+    assert os.stat(target).st_mode == before and stat.S_IMODE(tree["secret"].stat().st_mode) == 0o644
+    assert (tree["task"] / "f").read_text() == "still writable"
+
+
+def test_processes_outside_the_domain_cannot_be_signalled_or_inspected(tmp_path: Path) -> None:
+    victim = subprocess.Popen(["sleep", "30"], env={"SECRET_TOKEN": "s3cret", "PATH": os.environ["PATH"]})
+    try:
+        script = (
+            "import os, signal\n"
+            f"try:\n    os.kill({victim.pid}, signal.SIGKILL); print('killed')\nexcept OSError as e: print(e.errno)\n"
+            f"try:\n    print(open('/proc/{victim.pid}/environ').read())\nexcept OSError as e: print(e.errno)\n"
+        )
+        result = confined(tmp_path, script, read=[], write=[])
+        assert result.returncode == 0, result.stderr
+        assert "killed" not in result.stdout and "s3cret" not in result.stdout
+        time.sleep(0.2)
+        assert victim.poll() is None
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+
+
+def test_the_interpreter_keeps_its_installation(tmp_path: Path) -> None:
+    result = confined(tmp_path, "import json, ctypes, multiprocessing; print('imports ok')", read=[], write=[])
+    assert result.stdout.strip() == "imports ok", result.stderr
+    assert sys.base_prefix in interpreter_paths()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="capabilities are dropped only for root")
+def test_root_loses_every_capability(tmp_path: Path) -> None:
+    script = "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapBnd'))])"
+    result = confined(tmp_path, script, read=[], write=[])
+    assert "0000000000000000" in result.stdout and "1fff" not in result.stdout, result.stdout
+
+
+def test_a_missing_command_is_a_usage_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "simrun_runtime.confine", "--read", str(tmp_path)], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "no command" in result.stderr
+
+
+def test_rules_for_a_pod_add_the_system_and_the_interpreter(tmp_path: Path) -> None:
+    rules = Rules.for_pod([tmp_path / "r"], [tmp_path / "w"])
+    assert Path("/usr") in rules.read and Path(sys.base_prefix) in rules.read and tmp_path / "r" in rules.read
+    assert Path("/etc") not in rules.read and Path("/home") not in rules.read and Path("/tmp") not in rules.read
+    assert rules.write[-1] == tmp_path / "w"

@@ -1,0 +1,74 @@
+"""The one checked way to build store paths from a request, and to read a store file without following links."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from simrun_runtime.layout import (
+    NAME,
+    RUN_ID,
+    TASK_ID,
+    TaskLayout,
+    UnsafePath,
+    checked,
+    open_log,
+    read_beneath,
+)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "*", "**", "a/b", "/etc", "", "a" * 129, ".hidden", "x\0"])
+def test_a_name_that_is_not_a_plain_component_is_unsafe(name: str) -> None:
+    with pytest.raises(UnsafePath, match="is not valid: it must match"):
+        checked("name", name, NAME)
+
+
+def test_run_and_task_ids() -> None:
+    assert checked("run", "20260101-120000-abcdef", RUN_ID)
+    assert checked("task", "fit-2", TASK_ID)
+    for bad in ("../x", "20260101-120000-abcdef/..", "Fit"):
+        with pytest.raises(UnsafePath):
+            checked("run", bad, RUN_ID) if "2026" in bad else checked("task", bad, TASK_ID)
+
+
+@pytest.mark.parametrize("worker", ["../../../../../var/log/*", "*", "**", "/var/log/syslog", "w0.log", "x"])
+def test_a_log_is_named_by_a_pod_only(tmp_path: Path, worker: str) -> None:
+    with pytest.raises(UnsafePath):
+        TaskLayout(tmp_path).log(worker)
+    assert TaskLayout(tmp_path).log("w3") == tmp_path / "logs" / "w3.log"
+
+
+def test_read_beneath_follows_no_link_at_any_component(tmp_path: Path) -> None:
+    secret = tmp_path / "tokens.yaml"
+    secret.write_text("secret")
+    task = tmp_path / "task"
+    (task / "out").mkdir(parents=True)
+    (task / "out" / "summary.json").symlink_to(secret)
+    (task / "elsewhere").symlink_to(tmp_path)
+    os.mkfifo(task / "out" / "fifo")
+    (task / "out" / "ok.json").write_text("{}")
+    assert read_beneath(task, "out", "ok.json") == b"{}"
+    assert read_beneath(task, "out", "ok.json", limit=1) == b"{"
+    with pytest.raises(UnsafePath, match="symbolic link"):
+        read_beneath(task, "out", "summary.json")
+    with pytest.raises(UnsafePath, match="elsewhere is not a folder"):
+        read_beneath(task, "elsewhere", "tokens.yaml")
+    with pytest.raises(UnsafePath, match="not a regular file"):
+        read_beneath(task, "out", "fifo")
+
+
+def test_open_log_puts_aside_what_a_task_left_in_place_of_its_logs(tmp_path: Path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("secret")
+    task = TaskLayout(tmp_path / "task")
+    task.root.mkdir()
+    task.logs.symlink_to(tmp_path)  # logs/ made a link to a folder holding the token
+    with os.fdopen(open_log(task, "w0"), "a") as log:
+        log.write("line\n")
+    assert task.logs.is_dir() and not task.logs.is_symlink()
+    (task.logs / "w1.log").symlink_to(secret)
+    with os.fdopen(open_log(task, "w1"), "a") as log:
+        log.write("line\n")
+    assert secret.read_text() == "secret" and not (tmp_path / "w0.log").exists()
+    assert (task.logs / "w1.log").read_text() == "line\n"

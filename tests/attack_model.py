@@ -1,0 +1,134 @@
+"""Task types of an attacker: each tries what its settings say from inside a pod and records what happened."""
+
+ATTACKS = '''
+"""An attacker's task types: every attempt is recorded in the summary (what it read, or how it was refused)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from simrun_runtime import ExecContext, MergeContext, SplitTaskType, TaskSettings, UnitContext, UnsplitTaskType
+
+
+def attempt(action: str, path: str) -> str:
+    """One attack: what it got, or `refused:<error>`; `TASK_DIR` in a path is the task's own folder."""
+    task_dir = os.path.join(os.environ.get("SIMRUN_RUN_DIR", ""), "tasks", os.environ.get("SIMRUN_TASK", ""))
+    path = path.replace("TASK_DIR", task_dir)
+    try:
+        if action == "read":
+            return "read:" + Path(path).read_text()[:400]
+        if action == "list":
+            return "list:" + ",".join(sorted(os.listdir(path)))
+        if action == "write":
+            with open(path, "a") as f:
+                f.write("pwned")
+            return "wrote"
+        if action == "replace":
+            tmp = Path(os.environ["TMPDIR"]) / "forged"
+            tmp.write_text('{"forged": true}')
+            os.replace(tmp, path)
+            return "replaced"
+        if action == "chmod":
+            os.chmod(path, 0o666)
+            return "chmodded"
+        if action == "link":
+            link = Path(os.environ["TMPDIR"]) / "link"
+            os.link(path, link)
+            with open(link, "a") as f:
+                f.write("pwned")
+            return "linked"
+        if action == "rename":
+            os.rename(path, path + ".moved")
+            return "renamed"
+        if action == "unlink":
+            os.unlink(path)
+            return "unlinked"
+        if action == "env":
+            return "env:" + json.dumps(sorted(os.environ))
+        if action == "symlink":
+            link, target = path.split("|")
+            Path(link).parent.mkdir(parents=True, exist_ok=True)
+            if os.path.lexists(link):
+                os.unlink(link)
+            os.symlink(target, link)
+            return "planted"
+        raise ValueError(f"unknown action {action}")
+    except OSError as exc:
+        return f"refused:{type(exc).__name__}"
+
+
+class ProbeSettings(TaskSettings):
+    attacks: list[list[str]] = []
+    units: int = 1
+
+
+class Probe(UnsplitTaskType):
+    """Attacks from an unsplit task's command."""
+
+    Settings = ProbeSettings
+    outputs = ("report",)
+
+    def run(self, settings: ProbeSettings, context: ExecContext) -> dict[str, Any]:
+        results = [attempt(action, path) for action, path in settings.attacks]
+        (context.outputs["report"] / "report.json").write_text(json.dumps(results))
+        return {"results": results}
+
+
+class SplitProbe(SplitTaskType):
+    """Attacks from a unit (in the pool) and from the merge (in the coordinator)."""
+
+    Settings = ProbeSettings
+    outputs = ("report",)
+
+    def count_units(self, settings: ProbeSettings) -> int:
+        return settings.units
+
+    def compute_unit(self, settings: ProbeSettings, index: int, unit: UnitContext) -> None:
+        results = [attempt(action, path) for action, path in settings.attacks]
+        (unit.result_dir / "r.json").write_text(json.dumps(results))
+
+    def merge(self, settings: ProbeSettings, merge: MergeContext) -> dict[str, Any]:
+        units = [json.loads((path / "r.json").read_text()) for _, path in merge.units()]
+        merged = [attempt(action, path) for action, path in settings.attacks]
+        return {"units": units, "merge": merged}
+
+
+class CountSettings(TaskSettings):
+    units: int = 1
+
+
+class Huge(SplitTaskType):
+    """A split type whose count is whatever it is told (10^16, 2^31)."""
+
+    Settings = CountSettings
+    outputs = ("x",)
+
+    def count_units(self, settings: CountSettings) -> int:
+        return settings.units
+
+    def compute_unit(self, settings: CountSettings, index: int, unit: UnitContext) -> None:
+        (unit.result_dir / "x").write_text("x")
+
+    def merge(self, settings: CountSettings, merge: MergeContext) -> dict[str, Any]:
+        return {"units": sum(1 for _ in merge.units())}
+
+
+class WriteSettings(TaskSettings):
+    mib: int = 1
+
+
+class Writer(UnsplitTaskType):
+    """Writes `mib` MiB of output."""
+
+    Settings = WriteSettings
+    outputs = ("blob",)
+
+    def run(self, settings: WriteSettings, context: ExecContext) -> dict[str, Any]:
+        with open(context.outputs["blob"] / "blob", "wb") as f:
+            for _ in range(settings.mib):
+                f.write(os.urandom(1 << 20))
+        return {"mib": settings.mib}
+'''

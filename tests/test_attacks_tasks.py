@@ -1,0 +1,259 @@
+"""Attacks by tasks (user code in pods) and through the tracker's read side, on a real server with real pods.
+
+An agent (bob-agent) attacks the owner's finished run, the tokens, the owner's snapshot and the index from its own
+tasks: an unsplit task's command, a split task's units and merge. Each attempt is refused and every victim file is
+byte-identical (and keeps its mode) afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from attack_model import ATTACKS
+from e2e_support import E2E_MODEL, git_repo, wait_final, write_workflow
+from simrun.v1 import common_pb2
+from simrun_core.config import Limits, ReadPolicy
+from simrun_core.errors import InvalidArgument, NotFound, PermissionDenied
+from simrun_runtime.confine import landlock_abi
+from simrun_runtime.layout import StoreLayout
+from test_attacks import SLOW, Machine, fingerprint
+
+pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> Iterator[Machine]:
+    m = Machine(tmp_path)
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def owner_model(tmp_path: Path) -> Path:
+    return git_repo(E2E_MODEL, tmp_path / "owner-model")
+
+
+@pytest.fixture
+def attacker_model(tmp_path: Path) -> Path:
+    return git_repo(E2E_MODEL, tmp_path / "attacker-model", files={"e2etasks/attacks.py": ATTACKS})
+
+
+def victim_run(machine: Machine, server, model: Path) -> common_pb2.Run:  # type: ignore[no-untyped-def]
+    owner = machine.client(server, "owner")
+    run = wait_final(owner, owner.submit(write_workflow(model, SLOW)).run_id)
+    assert run.state == common_pb2.RUN_STATE_SUCCEEDED
+    return run
+
+
+def probe_workflow(model: Path, attacks: list[list[str]], split: bool) -> Path:
+    kind = "SplitProbe" if split else "Probe"
+    settings = json.dumps({"attacks": attacks, "units": 2})
+    text = f"name: probe\ntasks:\n  probe:\n    type: e2etasks.attacks:{kind}\n    settings: {settings}\n"
+    return write_workflow(model, text)
+
+
+def results_of(store: StoreLayout, run_id: str) -> list[str]:
+    summary = json.loads(store.run(run_id).task("probe").summary.read_text())
+    if "results" in summary:
+        return summary["results"]
+    return [r for unit in summary["units"] for r in unit] + summary["merge"]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["command", "units-and-merge"])
+def test_a_task_cannot_read_or_write_what_is_not_its_own(
+    machine: Machine, owner_model: Path, attacker_model: Path, split: bool
+) -> None:
+    server = machine.start()
+    victim = victim_run(machine, server, owner_model)
+    home = machine.home
+    store = StoreLayout(home / "store")
+    run = store.run(victim.run_id)
+    summary = run.task("values").summary
+    snapshot_root = store.snapshots / victim.snapshots[0].name / victim.snapshots[0].snapshot_id
+    snapshot_file = next(p for p in snapshot_root.rglob("tasks.py"))
+    # The index changes as the attacker's own run is recorded; that the task's writes to it were refused is in the
+    # results, and the owner's row is checked through the API below.
+    before = fingerprint(home / "tokens.yaml", home / "token", run.root, snapshot_root)
+    total = json.loads(summary.read_text())["total"]
+    attacks = [
+        ["read", str(home / "tokens.yaml")],
+        ["read", str(home / "token")],
+        ["read", str(summary)],
+        ["read", str(snapshot_file)],
+        ["list", str(home)],
+        ["list", str(store.runs)],
+        ["write", str(summary)],
+        ["replace", str(run.record)],
+        ["write", str(snapshot_file)],
+        ["chmod", str(snapshot_file)],
+        ["link", str(snapshot_file)],
+        ["rename", str(run.root)],
+        ["write", str(store.index)],
+        ["unlink", str(home / "tokens.yaml")],
+    ]
+    agent = machine.client(server, "agent")
+    attack = wait_final(agent, agent.submit(probe_workflow(attacker_model, attacks, split)).run_id)
+    assert attack.state == common_pb2.RUN_STATE_SUCCEEDED, attack.message
+    results = results_of(store, attack.run_id)
+    assert results and all(r.startswith("refused:") for r in results), results
+    assert fingerprint(home / "tokens.yaml", home / "token", run.root, snapshot_root) == before
+    owner = machine.client(server, "owner")
+    rows = {(row.task_id, row.key): list(row.values) for row in owner.compare(run_ids=[victim.run_id]).rows}
+    assert rows[("values", "total")] == [json.dumps(total)]
+    assert owner.get_run(victim.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
+    listed = {r.run_id: r for r in owner.list_runs()}
+    assert listed[victim.run_id].state == common_pb2.RUN_STATE_SUCCEEDED and len(listed) == 2
+
+
+def test_a_pod_sees_the_contract_not_the_servers_secrets(
+    machine: Machine, attacker_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SIMRUN_TOKEN", "the-servers-own-token")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "a-cloud-secret")
+    server = machine.start()
+    agent = machine.client(server, "agent")
+    run = wait_final(agent, agent.submit(probe_workflow(attacker_model, [["env", ""]], split=False)).run_id)
+    (result,) = results_of(StoreLayout(machine.home / "store"), run.run_id)
+    names = json.loads(result.removeprefix("env:"))
+    assert "SIMRUN_TASK" in names and "SIMRUN_RUN_DIR" in names
+    for secret in ("SIMRUN_TOKEN", "SIMRUN_HOME", "AWS_SECRET_ACCESS_KEY"):
+        assert secret not in names
+    log = "".join(chunk.lines for chunk in agent.logs(run.run_id, "probe"))
+    assert "the-servers-own-token" not in log and "a-cloud-secret" not in log
+
+
+def test_links_a_task_leaves_in_its_folder_are_not_followed(
+    machine: Machine, attacker_model: Path, tmp_path: Path
+) -> None:
+    """A task replaces its log with a link to the owner's token: the server neither reads nor appends through it."""
+    server = machine.start()
+    home = machine.home
+    secret = tmp_path / "cloud.json"  # a JSON file the server's user can read, e.g. cloud credentials
+    secret.write_text(json.dumps({"total": "the-secret", "message": "the-secret"}))
+    before = fingerprint(home / "tokens.yaml", home / "token", secret)
+    agent = machine.client(server, "agent")
+    store = StoreLayout(home / "store")
+    attacks = [["symlink", f"TASK_DIR/logs/w0.log|{home / 'token'}"]]
+    run = wait_final(agent, agent.submit(probe_workflow(attacker_model, attacks, split=False)).run_id)
+    assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+    assert results_of(store, run.run_id) == ["planted"]
+    log = "".join(chunk.lines for chunk in agent.logs(run.run_id, "probe"))
+    assert machine.tokens["owner"] not in log and "exited with exit code 0" in log
+    # A summary or failure made a link after the fact (as a task's left-over process could) is not read either.
+    task = store.run(run.run_id).task("probe")
+    os.replace(task.summary, task.out / "real.json")
+    task.summary.symlink_to(secret)
+    task.failure.symlink_to(secret)
+    comparison = machine.client(server, "owner").compare(run_ids=[run.run_id])
+    assert all("the-secret" not in value for row in comparison.rows for value in row.values)
+    assert fingerprint(home / "tokens.yaml", home / "token", secret) == before
+
+
+def test_log_paths_from_a_request_are_invalid_argument(machine: Machine, owner_model: Path) -> None:
+    server = machine.start()
+    run = victim_run(machine, server, owner_model)
+    owner = machine.client(server, "owner")
+    for worker in ("../../../../../var/log/*", "*", "**", "/etc/passwd", "w0/../../..", "w0.log", "../logs/w0"):
+        with pytest.raises(InvalidArgument, match="a worker is w0, w1, …, exec or merge"):
+            list(owner.logs(run.run_id, "values", worker=worker))
+    assert "".join(c.lines for c in owner.logs(run.run_id, "values", worker="w0"))
+
+
+def test_too_many_units_are_refused_before_anything_is_written(machine: Machine, attacker_model: Path) -> None:
+    server = machine.start()
+    agent = machine.client(server, "agent")
+    for units in (10**16, 2**31, 10_000_001):
+        text = f"name: huge\ntasks:\n  huge:\n    type: e2etasks.attacks:Huge\n    settings: {{units: {units}}}\n"
+        with pytest.raises(InvalidArgument, match=f"count_units returned {units} units, more than the 10000000"):
+            agent.submit(write_workflow(attacker_model, text))
+    assert not any((machine.home / "store" / "runs").iterdir())
+    for who in ("owner", "person", "agent"):
+        assert machine.client(server, who).list_runs() == []
+
+
+def test_active_runs_per_identity_are_bounded(machine: Machine, owner_model: Path) -> None:
+    server = machine.start(limits=Limits(active_runs_per_identity=1))
+    agent = machine.client(server, "agent")
+    slow = write_workflow(owner_model, SLOW.replace("seconds: 0.05", "seconds: 0.5"))
+    first = agent.submit(slow)
+    with pytest.raises(InvalidArgument, match="bob-agent has 1 runs not yet ended"):
+        agent.submit(slow)
+    assert wait_final(agent, first.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
+    assert wait_final(agent, agent.submit(slow).run_id).state == common_pb2.RUN_STATE_SUCCEEDED
+
+
+def test_a_task_past_its_output_bound_fails_with_a_message(machine: Machine, attacker_model: Path) -> None:
+    server = machine.start(limits=Limits(output_bytes_per_task=1 << 20))
+    agent = machine.client(server, "agent")
+    text = "name: w\ntasks:\n  w:\n    type: e2etasks.attacks:Writer\n    settings: {mib: 3}\n"
+    workflow = write_workflow(attacker_model, text)
+    run = wait_final(agent, agent.submit(workflow).run_id)
+    assert run.state == common_pb2.RUN_STATE_FAILED
+    assert "more than the 1048576 it may (limits.output_bytes_per_task)" in run.message
+
+
+def test_an_agent_cannot_reserve_the_only_node(machine: Machine, owner_model: Path) -> None:
+    server = machine.start()
+    agent, owner = machine.client(server, "agent"), machine.client(server, "owner")
+    with pytest.raises(PermissionDenied, match="bob-agent may not reserve node node-a"):
+        agent.submit(write_workflow(owner_model, SLOW + "reserve: node-a\n"))
+    assert {n.name: n.reserved_by for n in owner.nodes()} == {"node-a": ""}
+    assert not any((machine.home / "store" / "runs").iterdir())
+    run = owner.submit(write_workflow(owner_model, SLOW + "reserve: node-a\n"))
+    assert wait_final(owner, run.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
+
+
+def test_the_read_policy_hides_others_runs(machine: Machine, owner_model: Path) -> None:
+    server = machine.start()
+    owner_run = victim_run(machine, server, owner_model)
+    agent, person = machine.client(server, "agent"), machine.client(server, "person")
+    agent_run = wait_final(agent, agent.submit(write_workflow(owner_model, SLOW, "agent.yaml")).run_id)
+    assert [r.run_id for r in agent.list_runs()] == [agent_run.run_id]
+    assert [r.run_id for r in person.list_runs()] == [agent_run.run_id]  # bob sees his agent's
+    assert {r.run_id for r in machine.client(server, "owner").list_runs()} == {owner_run.run_id, agent_run.run_id}
+    for client in (agent, person):
+        with pytest.raises(NotFound, match=f"no run '{owner_run.run_id}'"):
+            client.get_run(owner_run.run_id)
+        with pytest.raises(NotFound):
+            list(client.logs(owner_run.run_id, "values"))
+        with pytest.raises(NotFound):
+            client.compare(run_ids=[owner_run.run_id])
+        with pytest.raises(NotFound):
+            client.wait(owner_run.run_id)
+        with pytest.raises(NotFound):
+            client.cancel(owner_run.run_id)
+        assert [r for r in client.compare(group="default").run_ids] == [agent_run.run_id]
+
+
+def test_agents_see_their_person_when_the_config_says_so(machine: Machine, owner_model: Path) -> None:
+    server = machine.start(read_policy=ReadPolicy(agents_see_their_person=True))
+    person, agent = machine.client(server, "person"), machine.client(server, "agent")
+    run = wait_final(person, person.submit(write_workflow(owner_model, SLOW)).run_id)
+    assert agent.get_run(run.run_id).run_id == run.run_id
+    with pytest.raises(PermissionDenied, match="only they or the owner may cancel"):
+        agent.cancel(run.run_id)
+
+
+def test_outputs_follow_the_read_policy_and_no_link_leads_out(
+    machine: Machine, owner_model: Path, attacker_model: Path, tmp_path: Path
+) -> None:
+    server = machine.start()
+    victim = victim_run(machine, server, owner_model)
+    agent = machine.client(server, "agent")
+    with pytest.raises(NotFound):
+        agent.outputs(victim.run_id)
+    with pytest.raises(NotFound):
+        agent.fetch_output(victim.run_id, "values", "values", tmp_path / "loot")
+    # The agent's own output holds a link to the owner's token (left by a process of its task, say): it is
+    # neither listed nor fetched.
+    run = wait_final(agent, agent.submit(probe_workflow(attacker_model, [], split=False)).run_id)
+    report = StoreLayout(machine.home / "store").run(run.run_id).task("probe").out_port("report")
+    (report / "token").symlink_to(machine.home / "token")
+    assert [f.path for f in agent.outputs(run.run_id, "probe", "report")] == ["report.json"]
+    fetched = agent.fetch_output(run.run_id, "probe", "report", tmp_path / "mine")
+    assert [p.name for p in fetched] == ["report.json"]
+    assert machine.tokens["owner"] not in "".join(p.read_text() for p in fetched)
