@@ -3,67 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import grpc
-from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.rpc import channel as rpc_channel
 from simrun_core.rpc.errors import to_domain_error
+from simrun_core.telemetry import Telemetry, process_telemetry
 
 R = TypeVar("R")
 
 # Uploads stream chunks of about 1 MiB; leave room for a header listing many files.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVICE_NAME = "simrun-client"
+"""The client's OpenTelemetry service name, unless `OTEL_SERVICE_NAME` names it."""
 
 
-class _CallDetails(NamedTuple):
-    method: str
-    timeout: float | None
-    metadata: Any
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
-class _BearerToken(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """Adds `authorization: Bearer <token>` to every call."""
-
-    def __init__(self, token: str) -> None:
-        self._metadata = bearer_metadata(token)
-
-    def _details(self, details: Any) -> _CallDetails:
-        metadata = [*(details.metadata or ()), *self._metadata]
-        return _CallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression
-        )
-
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(client_call_details), request_iterator)
-
-    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(client_call_details), request_iterator)
-
-
-def open_channel(endpoint: str, token: str | None = None) -> grpc.Channel:
-    """An insecure channel to `host:port` that sends `token` as a bearer token on every call, if given."""
+def open_channel(endpoint: str, token: str | None = None, *, telemetry: Telemetry | None = None) -> grpc.Channel:
+    """A channel to `host:port` that sends `token` as a bearer token on every call, if given, and traces its calls
+    (with the client's own telemetry from the OpenTelemetry variables unless `telemetry` is given)."""
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
-    channel = grpc.insecure_channel(endpoint, options=options)
-    if token:
-        channel = grpc.intercept_channel(channel, _BearerToken(token))
-    return channel
+    return rpc_channel.open_channel(
+        endpoint, token=token, options=options, telemetry=telemetry or process_telemetry(SERVICE_NAME)
+    )
 
 
 def call(method: Callable[..., R], request: Any, **kwargs: Any) -> R:

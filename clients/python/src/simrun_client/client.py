@@ -13,10 +13,11 @@ from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tr
 from simrun_core.config import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
 from simrun_core.rpc.errors import to_domain_error
+from simrun_core.telemetry import Telemetry, process_telemetry
 from simrun_core.workflow import parse_workflow
 from simrun_snapshot.convert import snapshot_to_proto
 
-from simrun_client.channel import open_channel
+from simrun_client.channel import SERVICE_NAME, open_channel
 from simrun_client.snapshots import SnapshotResult, snapshot_to_store, upload_snapshot
 
 T = TypeVar("T")
@@ -77,16 +78,24 @@ class Client:
         endpoint: `host:port` of the gateway; None for `simrun_core.config.DEFAULT_ENDPOINT`.
         token: the bearer token; None for `$SIMRUN_TOKEN`, else `$SIMRUN_HOME/token`.
         timeout_s: seconds a unary call may take (streams are not limited); None for no limit.
+        telemetry: where the client's spans go; by default the client's own, from the OpenTelemetry variables
+            (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_EXPORTER`; service name `simrun-client`).
     """
 
     def __init__(
-        self, endpoint: str | None = None, token: str | None = None, *, timeout_s: float | None = 120.0
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float | None = 120.0,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         self.token = client_token(token)
         self.timeout_s = timeout_s
+        self.telemetry = telemetry or process_telemetry(SERVICE_NAME)
         # The channel sends the token as `authorization: Bearer …` on every call, uploads included.
-        self._channel = open_channel(self.endpoint, self.token)
+        self._channel = open_channel(self.endpoint, self.token, telemetry=self.telemetry)
         self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
 
@@ -149,15 +158,19 @@ class Client:
             store: the run store when it is mounted on this machine: the snapshot is written there directly
                 instead of being uploaded.
         """
-        text, snapshots = self._prepare(workflow_path, model, store)
-        request = tracker_pb2.SubmitRunRequest(
-            workflow=text,
-            snapshots=snapshots,
-            group=group or "",
-            mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
-            reserve=reserve or "",
-        )
-        return self._call(self._tracker.SubmitRun, request).run
+        # One span over the snapshot and the submission, so both calls sit in one trace under the client's.
+        with self.telemetry.span("simrun_client.submit", attributes={"simrun.workflow": str(workflow_path)}) as span:
+            text, snapshots = self._prepare(workflow_path, model, store)
+            request = tracker_pb2.SubmitRunRequest(
+                workflow=text,
+                snapshots=snapshots,
+                group=group or "",
+                mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
+                reserve=reserve or "",
+            )
+            run = self._call(self._tracker.SubmitRun, request).run
+            span.set_attribute("simrun.run_id", run.run_id)
+            return run
 
     def estimate(
         self,
@@ -168,13 +181,14 @@ class Client:
         store: str | Path | None = None,
     ) -> tracker_pb2.EstimateRunResponse:
         """Plans a workflow file without running it: each task's plan, resources and, once learned, seconds."""
-        text, snapshots = self._prepare(workflow_path, model, store)
-        request = tracker_pb2.EstimateRunRequest(
-            workflow=text,
-            snapshots=snapshots,
-            mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
-        )
-        return self._call(self._tracker.EstimateRun, request)
+        with self.telemetry.span("simrun_client.estimate", attributes={"simrun.workflow": str(workflow_path)}):
+            text, snapshots = self._prepare(workflow_path, model, store)
+            request = tracker_pb2.EstimateRunRequest(
+                workflow=text,
+                snapshots=snapshots,
+                mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
+            )
+            return self._call(self._tracker.EstimateRun, request)
 
     def get_run(self, run_id: str) -> common_pb2.Run:
         """The run `run_id` now."""

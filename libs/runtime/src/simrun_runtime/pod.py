@@ -51,7 +51,8 @@ class PodEnv:
     coordinator to merge once the ledger is complete. SIMRUN_GRACE_S: the termination grace period, seconds
     (default 30). SIMRUN_PROVENANCE: path of the task's provenance.json. SIMRUN_CGROUP: the pod's memory cgroup
     directory, or `self` for the process's own cgroup; unset, the process tree is measured. SIMRUN_SCRATCH: a
-    directory on the local disk for scratch files (default the system's temporary directory).
+    directory on the local disk for scratch files (default the system's temporary directory). TRACEPARENT: the W3C
+    trace context of the task (optional), copied into the pod's report so its span joins the run's trace.
     """
 
     run_dir: Path
@@ -63,6 +64,7 @@ class PodEnv:
     provenance: Path | None = None
     cgroup: str | None = None
     scratch: Path | None = None
+    traceparent: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], default_worker: str = "w0") -> PodEnv:
@@ -97,6 +99,7 @@ class PodEnv:
             provenance=Path(provenance) if provenance else None,
             cgroup=environ.get("SIMRUN_CGROUP", "").strip() or None,
             scratch=Path(scratch) if scratch else None,
+            traceparent=environ.get("TRACEPARENT", "").strip() or None,
         )
 
 
@@ -239,6 +242,7 @@ class ReportKeeper:
             peak_memory_gb=0.0,
             per_process_gb=0.0,
             started_at=now,
+            traceparent=env.traceparent,
         )
         keeper = cls(setup.task, report, MemorySampler(probe).start(), probe.oom_kills())
         keeper.write()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +21,8 @@ from simrun_core.config import ServerConfig, ensure_local_tokens
 from simrun_core.errors import FailedPrecondition
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
+from simrun_core.rpc.serving import serve as serve_until_stopped
+from simrun_core.telemetry import Telemetry, process_telemetry
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.servicer import ResourceLearnerService
 from simrun_planner import PlanError
@@ -37,6 +37,10 @@ from simrun_gateway.proxy import ForwardingHandler, method_shapes
 from simrun_gateway.servicer import GatewayServicer
 
 log = logging.getLogger(__name__)
+
+SERVICE_NAME = "simrun-gateway"
+"""The gateway's OpenTelemetry service name (every service embedded in it shares its process), unless
+`OTEL_SERVICE_NAME` names it."""
 
 _DESCRIPTORS = {
     "planner": planner_pb2.DESCRIPTOR.services_by_name["PlannerService"],
@@ -57,6 +61,7 @@ class EmbeddedServer:
     tracker: RunTracker | None = None
     learner: ResourceLearner | None = None
     closers: list[Any] = field(default_factory=list)
+    telemetry: Telemetry | None = None
 
     @property
     def port(self) -> int:
@@ -74,12 +79,15 @@ class EmbeddedServer:
             closer()
 
 
-def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> EmbeddedServer:
+def start_embedded(
+    config: ServerConfig, *, drive_runs: bool = True, telemetry: Telemetry | None = None
+) -> EmbeddedServer:
     """Starts the gateway with every service not given an address in `config.services` served in process.
 
     Args:
         config: the server's configuration.
         drive_runs: start the tracker's driver; off, runs are recorded and not run (the SubmitRun benchmark).
+        telemetry: where the server's spans go; the process's own (the OpenTelemetry variables) by default.
 
     Raises:
         InvalidArgument: a bad tokens file.
@@ -89,6 +97,7 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
     else:
         tokens_file, token = ensure_local_tokens(config.home)
         tokens = TokenRegistry.load(tokens_file)
+    telemetry = telemetry or process_telemetry(SERVICE_NAME)
     store = StoreLayout(config.store)
     store.root.mkdir(parents=True, exist_ok=True)
     remote = {name: address for name, address in config.services.model_dump().items() if address}
@@ -119,25 +128,26 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
         forwarding = ForwardingHandler(
             {_DESCRIPTORS[name].full_name: address for name, address in remote.items()},
             method_shapes(*(_DESCRIPTORS[name] for name in remote)),
+            telemetry,
         )
         registrations.append(lambda s: s.add_generic_rpc_handlers((forwarding,)))
         closers.append(forwarding.close)
     names += [d.full_name for name, d in _DESCRIPTORS.items() if name not in remote]
     server = build_server(
-        config.address, registrations, names, tokens=tokens, translate={PlanError: FailedPrecondition}
+        config.address,
+        registrations,
+        names,
+        tokens=tokens,
+        translate={PlanError: FailedPrecondition},
+        telemetry=telemetry,
     ).start()
     if tracker is not None and drive_runs:
         tracker.start()
-    return EmbeddedServer(server, config, token, tracker, learner, closers)
+    return EmbeddedServer(server, config, token, tracker, learner, closers, telemetry)
 
 
 def serve(config: ServerConfig, ready: Any = None) -> None:
-    """Serves until SIGINT or SIGTERM, then stops the pods and the services."""
-    embedded = start_embedded(config)
-    if ready is not None:
-        ready(embedded)
-    stopped = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopped.set())
-    stopped.wait()
-    embedded.stop()
+    """Serves until SIGINT or SIGTERM, then stops the pods and the services, last the telemetry."""
+    telemetry = process_telemetry(SERVICE_NAME)
+    embedded = start_embedded(config, telemetry=telemetry)
+    serve_until_stopped(embedded, telemetry=telemetry, ready=None if ready is None else lambda: ready(embedded))

@@ -7,6 +7,7 @@ from pathlib import Path
 from simrun.v1 import learner_pb2, learner_pb2_grpc
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
+from simrun_core.telemetry import Telemetry
 
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.servicer import ResourceLearnerService
@@ -15,7 +16,11 @@ SERVICE_NAME = learner_pb2.DESCRIPTOR.services_by_name["ResourceLearnerService"]
 
 
 def create_server(
-    learner: ResourceLearner | Path | str, address: str = "127.0.0.1:0", tokens: TokenRegistry | None = None
+    learner: ResourceLearner | Path | str,
+    address: str = "127.0.0.1:0",
+    tokens: TokenRegistry | None = None,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> BoundServer:
     """A learner server bound to `address` (not started), with the production interceptors and health.
 
@@ -24,6 +29,7 @@ def create_server(
             an embedded server passes the learner the run tracker calls in-process.
         address: `host:port`; port 0 picks a free one.
         tokens: When given, every call but health checks needs a known bearer token.
+        telemetry: Where the server's spans go; the process's own by default.
     """
     if not isinstance(learner, ResourceLearner):
         learner = ResourceLearner(learner)
@@ -33,4 +39,5 @@ def create_server(
         [lambda server: learner_pb2_grpc.add_ResourceLearnerServiceServicer_to_server(servicer, server)],
         [SERVICE_NAME],
         tokens=tokens,
+        telemetry=telemetry,
     )

@@ -8,6 +8,7 @@ import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
+from simrun_core.telemetry import Telemetry
 
 from simrun_snapshot.servicer import SnapshotServicer
 from simrun_snapshot.store import SnapshotStore
@@ -24,6 +25,9 @@ def register(store_root: Path) -> Registration:
     return add
 
 
-def create_server(store_root: Path, address: str, tokens: TokenRegistry | None = None) -> BoundServer:
-    """The snapshot service with the production interceptors and health, bound to `address`, not yet started."""
-    return build_server(address, [register(Path(store_root))], [SERVICE_NAME], tokens=tokens)
+def create_server(
+    store_root: Path, address: str, tokens: TokenRegistry | None = None, *, telemetry: Telemetry | None = None
+) -> BoundServer:
+    """The snapshot service with the production interceptors and health, bound to `address`, not yet started;
+    its spans go to `telemetry` (the process's own by default)."""
+    return build_server(address, [register(Path(store_root))], [SERVICE_NAME], tokens=tokens, telemetry=telemetry)

@@ -1,4 +1,4 @@
-"""The one way simrun builds a gRPC server: interceptors (auth, then errors), health, a bound port."""
+"""The one way simrun builds a gRPC server: interceptors (tracing, auth, then errors), health, a bound port."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from simrun_core.errors import SimrunError
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.auth import AuthInterceptor
 from simrun_core.rpc.errors import ErrorInterceptor
+from simrun_core.telemetry import Telemetry, process_telemetry
 
 Registration = Callable[[grpc.Server], None]
 
@@ -42,6 +43,7 @@ def build_server(
     tokens: TokenRegistry | None = None,
     translate: Mapping[type[Exception], type[SimrunError]] | None = None,
     max_workers: int = 32,
+    telemetry: Telemetry | None = None,
 ) -> BoundServer:
     """Builds a server with the production interceptors and `grpc.health.v1`, bound to `address`.
 
@@ -52,8 +54,10 @@ def build_server(
         tokens: when given, every call but health checks needs a known bearer token.
         translate: a domain's own exception types and the `SimrunError` they stand for.
         max_workers: threads serving calls (streams hold one each while open).
+        telemetry: where the server's spans go; the process's own (from the OpenTelemetry variables) by default.
     """
-    interceptors: list[grpc.ServerInterceptor] = []
+    # Tracing first, so a call's span covers authentication and error mapping (a refused call records status 16).
+    interceptors: list[grpc.ServerInterceptor] = [*(telemetry or process_telemetry("simrun")).server_interceptors()]
     if tokens is not None:
         interceptors.append(AuthInterceptor(tokens))
     interceptors.append(ErrorInterceptor(translate))
