@@ -9,6 +9,10 @@ from typing import Any, TypeVar
 import click
 from simrun_client.client import Client
 from simrun_core.config import DEFAULT_ENDPOINT
+from simrun_core.telemetry import process_telemetry
+
+SERVICE_NAME = "simrun-cli"
+"""The CLI's OpenTelemetry service name, unless `OTEL_SERVICE_NAME` names it."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,13 +38,22 @@ json_option = click.option(
 
 
 def with_client(command: F) -> F:
-    """Adds --endpoint and --token and passes the command a connected `client`, closed afterwards."""
+    """Adds --endpoint and --token and passes the command a connected `client`, closed afterwards.
+
+    The command runs in a span of its own (`simrun <command>`), above the spans of its calls, when the
+    OpenTelemetry variables configure an exporter; its spans are flushed before the command returns.
+    """
 
     @endpoint_option
     @token_option
     @functools.wraps(command)
     def wrapper(*args: Any, endpoint: str, token: str | None, **kwargs: Any) -> Any:
-        with Client(endpoint, token) as client:
-            return command(*args, client=client, **kwargs)
+        telemetry = process_telemetry(SERVICE_NAME)
+        name = click.get_current_context().command_path
+        try:
+            with telemetry.span(name), Client(endpoint, token, telemetry=telemetry) as client:
+                return command(*args, client=client, **kwargs)
+        finally:
+            telemetry.flush()
 
     return wrapper  # type: ignore[return-value]

@@ -151,6 +151,11 @@ class Telemetry:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end(end_time=_epoch_ns(end or start))
 
+    def flush(self) -> None:
+        """Exports the spans ended so far (a short-lived command calls it before it exits)."""
+        if self.owns_provider:
+            self.provider.force_flush()  # type: ignore[attr-defined]
+
     def shutdown(self) -> None:
         """Flushes and closes the provider made here; a borrowed global provider belongs to its host."""
         if self.owns_provider:
@@ -195,9 +200,11 @@ class _ClientTracing(
             kind=SpanKind.CLIENT,
             attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
         )
-        metadata = list(details.metadata or ())
         carrier: dict[str, str] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
+        # This call's context replaces any the caller put in the metadata (a proxy relaying its caller's).
+        fields = propagate.get_global_textmap().fields
+        metadata = [(k, v) for k, v in details.metadata or () if k not in fields]
         metadata.extend(carrier.items())
         traced = _CallDetails(
             method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression
