@@ -64,7 +64,8 @@ def exporter() -> InMemorySpanExporter:
 
 @pytest.fixture(params=["traced"])
 def gateway_telemetry(request: pytest.FixtureRequest, exporter: InMemorySpanExporter) -> Telemetry:
-    return sdk(exporter, "simrun-gateway") if request.param == "traced" else Telemetry.off()
+    named = {"off": Telemetry.off(), "no-op": Telemetry.noop()}
+    return sdk(exporter, "simrun-gateway") if request.param == "traced" else named[request.param]
 
 
 @pytest.fixture
@@ -124,8 +125,8 @@ def test_one_trace_from_the_client_through_the_gateway_to_the_tracker(tracker_ap
     assert at_tracker.attributes["rpc.grpc.status_code"] == 0
 
 
-@pytest.mark.parametrize("gateway_telemetry", ["off"], indirect=True)
-def test_a_gateway_with_telemetry_off_passes_the_callers_context_on(tracker_apart, exporter):
+@pytest.mark.parametrize("gateway_telemetry", ["off", "no-op"], indirect=True)
+def test_a_gateway_that_records_nothing_passes_the_callers_context_on(tracker_apart, exporter):
     with Client(tracker_apart.address, TOKENS["person"], telemetry=sdk(exporter, "simrun-client")) as client:
         client.list_runs()
     spans = list(exporter.get_finished_spans())

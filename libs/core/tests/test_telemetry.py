@@ -122,7 +122,7 @@ def test_health_checks_are_not_traced(traced, exporter):
 def test_with_nothing_configured_no_span_is_recorded():
     # The API's global provider: a no-op here, since no test sets it (a host program may).
     telemetry = Telemetry.from_environ("simrun-test", {})
-    assert telemetry.instrumented and not telemetry.owns_provider
+    assert telemetry.instrumented and not telemetry.recording and not telemetry.owns_provider
     servicer = Gateway()
     server = start(servicer, telemetry)
     try:

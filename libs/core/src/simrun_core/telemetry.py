@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.instrumentation.grpc import filters, server_interceptor
@@ -50,39 +51,45 @@ class TelemetryError(InvalidArgument):
 
 @dataclass(frozen=True)
 class Telemetry:
-    """The tracer provider of one process, and whether its servers and channels are instrumented at all.
+    """The tracer provider of one process, and how its servers and channels are instrumented.
+
+    Three ways, from cheapest: off (no interceptor at all); pass-through (a no-op provider: no span is made, a
+    server only attaches a caller's trace context while it serves the call, so what it records, such as a run's
+    context, joins the caller's trace); recording (spans for every call on servers and channels).
 
     Attributes:
-        provider: where spans go; the API's global provider (a no-op by default) unless an exporter is configured.
-        instrumented: False only when telemetry is off (`OTEL_SDK_DISABLED=true`, or `Telemetry.off()`):
-            servers and channels then get no interceptor.
+        provider: where spans go; the API's global provider unless an exporter is configured.
+        instrumented: False only when telemetry is off (`OTEL_SDK_DISABLED=true`, or `Telemetry.off()`).
+        recording: spans are made (an SDK provider, or a global one the host program installed).
         owns_provider: the provider was made here (the SDK's), so `shutdown` flushes and closes it.
     """
 
     provider: TracerProvider
     instrumented: bool = True
+    recording: bool = True
     owns_provider: bool = False
     _tracers: dict[str, Tracer] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def off(cls) -> Telemetry:
         """No interceptors and no spans: the baseline of the benchmark, and `OTEL_SDK_DISABLED=true`."""
-        return cls(trace.NoOpTracerProvider(), instrumented=False)
+        return cls(trace.NoOpTracerProvider(), instrumented=False, recording=False)
 
     @classmethod
     def noop(cls) -> Telemetry:
-        """Interceptors over the API's no-op provider: trace context passes through, nothing is recorded."""
-        return cls(trace.NoOpTracerProvider())
+        """The API's no-op provider: trace context passes through, nothing is recorded."""
+        return cls(trace.NoOpTracerProvider(), recording=False)
 
     @classmethod
     def with_provider(cls, provider: TracerProvider) -> Telemetry:
         """An injected provider (tests give an SDK provider with an in-memory exporter)."""
-        return cls(provider)
+        return cls(provider, recording=_records(provider))
 
     @classmethod
     def from_environ(cls, service_name: str, environ: Mapping[str, str] | None = None) -> Telemetry:
         """The telemetry the standard OpenTelemetry variables ask for, named `service_name` unless
-        `OTEL_SERVICE_NAME` names it.
+        `OTEL_SERVICE_NAME` names it. Without an exporter configured: the global provider, which records only if
+        the host program installed one before this call (else pass-through).
 
         Raises:
             TelemetryError: `OTEL_TRACES_EXPORTER` names an exporter that is not installed.
@@ -92,7 +99,7 @@ class Telemetry:
             return cls.off()
         exporters = _configured_exporters(env)
         if not exporters:
-            return cls(trace.get_tracer_provider())
+            return cls.with_provider(trace.get_tracer_provider())
         return cls(_sdk_provider(service_name, exporters, env), owns_provider=True)
 
     def tracer(self, name: str = INSTRUMENTATION_NAME) -> Tracer:
@@ -106,11 +113,14 @@ class Telemetry:
         checks are not traced (probes call them every few seconds)."""
         if not self.instrumented:
             return []
+        if not self.recording:
+            return [_CallerContext()]
         return [server_interceptor(tracer_provider=self.provider, filter_=_not_health)]
 
     def instrument_channel(self, channel: grpc.Channel) -> grpc.Channel:
-        """`channel` with a client span per call and the caller's trace context in its metadata."""
-        if not self.instrumented:
+        """`channel` with a client span per call and its trace context in the call's metadata (when recording;
+        a pass-through proxy forwards its caller's trace headers itself)."""
+        if not self.recording:
             return channel
         return grpc.intercept_channel(channel, _ClientTracing(self.tracer("simrun.grpc.client")))
 
@@ -160,6 +170,52 @@ class Telemetry:
         """Flushes and closes the provider made here; a borrowed global provider belongs to its host."""
         if self.owns_provider:
             self.provider.shutdown()  # type: ignore[attr-defined]
+
+
+def _records(provider: TracerProvider) -> bool:
+    """Whether spans of `provider` may be recorded: not the no-op, nor the global proxy before a provider is set."""
+    return not isinstance(provider, trace.NoOpTracerProvider | trace.ProxyTracerProvider)
+
+
+class _CallerContext(grpc.ServerInterceptor):
+    """Pass-through: a call that carries a trace context is served with it attached; others are not wrapped."""
+
+    def intercept_service(self, continuation: Any, handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        metadata = handler_call_details.invocation_metadata or ()
+        carrier = {key: value for key, value in metadata if key in ("traceparent", "tracestate")}
+        if handler is None or "traceparent" not in carrier:
+            return handler
+        context = propagate.extract(carrier)
+
+        def attached(behavior: Any) -> Any:
+            def serve(request: Any, servicer_context: Any) -> Any:
+                token = otel_context.attach(context)
+                try:
+                    return behavior(request, servicer_context)
+                finally:
+                    otel_context.detach(token)
+
+            def serve_stream(request: Any, servicer_context: Any) -> Any:
+                token = otel_context.attach(context)
+                try:
+                    yield from behavior(request, servicer_context)
+                finally:
+                    otel_context.detach(token)
+
+            return serve_stream if handler.response_streaming else serve
+
+        serializers = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(attached(handler.unary_unary), **serializers)
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(attached(handler.unary_stream), **serializers)
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(attached(handler.stream_unary), **serializers)
+        return grpc.stream_stream_rpc_method_handler(attached(handler.stream_stream), **serializers)
 
 
 class _CallDetails(NamedTuple):

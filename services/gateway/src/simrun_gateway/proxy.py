@@ -2,8 +2,8 @@
 
 The forwarding channels are traced like every other (the channel factory), so the service's span is a child of the
 gateway's. The raw `traceparent`/`tracestate` of the caller are then not forwarded: a call would carry two, the
-server would read one of them, and the gateway's span would drop out of the trace. Only with telemetry off are
-they passed on, so the service still joins the caller's trace.
+server would read one of them, and the gateway's span would drop out of the trace. Only when the gateway records
+no spans (nothing configured, or telemetry off) are they passed on, so the service still joins the caller's trace.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         telemetry = telemetry or process_telemetry("simrun")
         self._channels = {service: open_channel(address, telemetry=telemetry) for service, address in routes.items()}
         self._streaming = dict(streaming)
-        self._forwarded = _FORWARDED_METADATA if telemetry.instrumented else _FORWARDED_METADATA + _TRACE_METADATA
+        self._forwarded = _FORWARDED_METADATA if telemetry.recording else _FORWARDED_METADATA + _TRACE_METADATA
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method: str = handler_call_details.method  # type: ignore[attr-defined]
