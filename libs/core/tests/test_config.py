@@ -33,11 +33,11 @@ def test_load_a_good_config(tmp_path: Path, home: Path) -> None:
     config = ServerConfig.load(path)
     assert config.store == tmp_path / "store"
     assert config.address == "127.0.0.1:6000"
-    assert [(n.name, n.cores, n.memory_gb, n.gpus) for n in config.nodes or []] == [
+    assert [(n.name, n.cores, n.memory_gb, n.gpus) for n in config.executor.local.nodes or []] == [
         ("small", 2, 4.0, 0),
         ("big.1", 32, 256.0, 2),
     ]
-    assert config.cgroup_root is None
+    assert config.executor.local.cgroup_root is None
     assert (config.services.planner, config.services.tracker) == ("127.0.0.1:7000", "")
 
 
@@ -46,8 +46,9 @@ def test_an_empty_config_takes_the_defaults_under_the_home(tmp_path: Path, home:
     path.write_text("")
     config = ServerConfig.load(path)
     assert simrun_home() == home
-    assert (config.home, config.store, config.nodes, config.tokens_file) == (home, home / "store", None, None)
-    assert config.cgroup_root == "auto"
+    assert (config.home, config.store, config.tokens_file) == (home, home / "store", None)
+    assert (config.executor.kind, config.executor.local.nodes) == ("local", None)
+    assert config.executor.local.cgroup_root == "auto"
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from simrun_core.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     SimrunError,
     Unauthenticated,
     Unavailable,
@@ -200,7 +201,7 @@ def test_an_abort_in_the_servicer_passes_through_untouched(
     failure = _fail(lambda: gateway_stub.GetIdentity(gateway_pb2.GetIdentityRequest(), metadata=ALICE))
     assert (failure.code(), failure.details()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "too many runs")
     back = to_domain_error(failure)
-    assert (type(back), str(back)) == (SimrunError, "too many runs")
+    assert (type(back), str(back), back.transient) == (ResourceExhausted, "too many runs", True)
 
 
 def test_deadline_exceeded_and_unreachable_server_are_unavailable(

@@ -13,7 +13,7 @@ import pytest
 from simrun_core.config import ServerConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_planner import Node
-from simrun_tracker.executor import PodPhase, PodSpec, PodStatus
+from simrun_tracker.executor import PodPhase, PodRole, PodSpec, PodStatus
 from simrun_tracker.local import LocalExecutor, configured_nodes, default_nodes
 from simrun_tracker.local.memory import detect_cgroup_root
 
@@ -51,6 +51,15 @@ class Pods:
 
     def __init__(self, box: Path) -> None:
         self.box = box
+        self.commands: dict[str, list[str]] = {}
+
+    def launch(self, spec: PodSpec) -> list[str]:
+        """The launcher the executor is given: the command each test pod was made with."""
+        return self.commands[spec.pod_id]
+
+    def log(self, spec: PodSpec) -> Path:
+        """Where the executor writes a pod's log: `tasks/<task>/logs/<worker>.log` of the store (the box)."""
+        return self.box / "runs" / spec.run_id / "tasks" / spec.task_id / "logs" / f"{spec.worker}.log"
 
     def spec(
         self,
@@ -67,14 +76,13 @@ class Pods:
         processes: int = 1,
         command: list[str] | None = None,
     ) -> PodSpec:
-        return PodSpec(
+        spec = PodSpec(
             run_id=run,
             task_id=name,
             worker=worker,
-            command=command or [sys.executable, "-c", WAIT, str(self.box), name, str(code)],
-            env={"SIMRUN_TASK": name},
-            cwd=self.box,
-            log_path=self.box / "runs" / run / "tasks" / name / "logs" / f"{worker}.log",
+            role=PodRole.EXECUTE,
+            environment_id="test",
+            contract={"SIMRUN_TASK": name},
             cores=cores,
             memory_gb=memory_gb,
             processes=processes,
@@ -82,6 +90,8 @@ class Pods:
             priority_class=priority,
             grace_s=grace_s,
         )
+        self.commands[spec.pod_id] = command or [sys.executable, "-c", WAIT, str(self.box), name, str(code)]
+        return spec
 
     def go(self, name: str) -> None:
         (self.box / f"{name}.go").touch()
@@ -117,12 +127,13 @@ def pods(tmp_path: Path) -> Pods:
 
 
 @pytest.fixture
-def make_executor() -> Iterator[Callable[..., LocalExecutor]]:
+def make_executor(pods: Pods) -> Iterator[Callable[..., LocalExecutor]]:
     made: list[LocalExecutor] = []
 
     def make(nodes: list[Node] | None = None, **kw: object) -> LocalExecutor:
         kw.setdefault("cgroup_root", None)
-        executor = LocalExecutor(nodes or [Node("n1", cores=1, memory_gb=1.0)], poll_s=0.02, **kw)  # type: ignore[arg-type]
+        nodes = nodes or [Node("n1", cores=1, memory_gb=1.0)]
+        executor = LocalExecutor(pods.box, pods.launch, nodes, poll_s=0.02, **kw)  # type: ignore[arg-type]
         made.append(executor)
         return executor
 
@@ -140,7 +151,7 @@ def test_a_pod_runs_with_its_environment_and_logs_every_attempt(make_executor, p
     wait_for(phase_is(executor, ok, PodPhase.SUCCEEDED))
     done = status(executor, ok)
     assert (done.node, done.attempts, done.exit_code, done.memory_gb) == ("n1", 1, 0, 0.25)
-    log = ok.log_path.read_text().splitlines()
+    log = pods.log(ok).read_text().splitlines()
     assert log[0].startswith("=== simrun: attempt 1 of pod r1.ok.w0 on node n1, memory limit 0.25 GiB")
     assert "hello from ok" in log
     # A pod id that is known already is left as it is.
@@ -231,7 +242,7 @@ def test_a_higher_priority_preempts_with_sigterm_and_the_victim_runs_again(make_
     assert status(executor, victim).attempts == 2
     assert pods.starts("victim") == 2
     assert status(executor, high).phase is PodPhase.SUCCEEDED
-    assert "exited with exit code 143: preempted by a higher priority; queued again" in victim.log_path.read_text()
+    assert "exited with exit code 143: preempted by a higher priority; queued again" in pods.log(victim).read_text()
 
 
 def test_equal_priorities_never_preempt(make_executor, pods: Pods) -> None:
@@ -283,7 +294,7 @@ def test_reservations_evict_other_runs_and_hold_the_node_until_released(make_exe
     wait_for(lambda: pods.starts("other") == 2 and status(executor, other).phase is PodPhase.RUNNING)
     evicted = status(executor, other)
     assert (evicted.node, evicted.preemptions, evicted.attempts) == ("n2", 1, 2)
-    assert "evicted by a reservation" in other.log_path.read_text()
+    assert "evicted by a reservation" in pods.log(other).read_text()
 
     bench = pods.spec("bench", run="r-bench", priority="simrun-agent-extra")
     third = pods.spec("third", run="r-third", priority="simrun-owner-base")
@@ -314,8 +325,9 @@ def test_stop_fails_running_and_pending_pods_and_kills_after_the_grace(make_exec
     stubborn_command = [
         sys.executable,
         "-c",
-        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "open('stubborn.starts', 'w').write('x\\n')\ntime.sleep(60)",
+        "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write('x\\n')\ntime.sleep(60)",
+        str(pods.box / "stubborn.starts"),
     ]
     stubborn = pods.spec("stubborn", grace_s=0.3, command=stubborn_command)
     queued = pods.spec("queued")
@@ -330,7 +342,7 @@ def test_stop_fails_running_and_pending_pods_and_kills_after_the_grace(make_exec
     executor.stop_pods("r1")
     wait_for(phase_is(executor, stubborn, PodPhase.FAILED))
     assert time.monotonic() - begun >= 0.3
-    assert (status(executor, stubborn).message, status(executor, stubborn).exit_code) == ("stopped", -9)
+    assert (status(executor, stubborn).message, status(executor, stubborn).exit_code) == ("stopped", 137)
     assert status(executor, stubborn).memory_kills == []
     wait_for(started(executor, pods, other))
 
@@ -377,7 +389,7 @@ def test_a_pod_over_its_memory_is_killed_and_retried_once_with_the_retry_memory(
     retried = status(executor, fits)
     assert (retried.attempts, retried.memory_gb, retried.preemptions) == (2, 0.5, 0)
     assert [(k.memory_gb, k.per_worker_gb, k.evidence) for k in retried.memory_kills] == [(0.25, 0.25, evidence)]
-    log = fits.log_path.read_text()
+    log = pods.log(fits).read_text()
     assert "attempt 2 of pod r1.fits.w0 on node n1, memory limit 0.5 GiB" in log
     assert "killed for memory" in log
 
@@ -397,7 +409,7 @@ def test_pods_run_in_their_own_cgroup_which_is_removed_after(make_executor, pods
     spec = pods.spec("probe", command=probe)
     executor.start_pods([spec])
     wait_for(phase_is(executor, spec, PodPhase.SUCCEEDED))
-    log = spec.log_path.read_text()
+    log = pods.log(spec).read_text()
     cgroup = Path(log.split("\ncgroup ", 1)[1].split()[0])
     assert cgroup.parent.name == executor.executor_id
     assert f"/simrun/{executor.executor_id}/{cgroup.name}" in log  # the process itself was in it
@@ -408,36 +420,40 @@ def test_pods_run_in_their_own_cgroup_which_is_removed_after(make_executor, pods
     assert not parent.exists()
 
 
-def test_sigkill_without_evidence_counts_as_a_kill_for_memory(make_executor, pods: Pods) -> None:
+@pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups on this machine")
+def test_sigkill_in_a_cgroup_that_counted_no_oom_kill_is_no_kill_for_memory(make_executor, pods: Pods) -> None:
     executor = make_executor(cgroup_root="auto")
     command = [sys.executable, "-c", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"]
     killed = pods.spec("killed", command=command, memory_gb=0.25, retry_memory_gb=0.375)
     executor.start_pods([killed])
     wait_for(phase_is(executor, killed, PodPhase.FAILED))
     final = status(executor, killed)
-    assert [(k.memory_gb, k.evidence) for k in final.memory_kills] == [(0.25, "sigkill"), (0.375, "sigkill")]
-    assert final.message == "killed for memory twice; the retry had 0.375 GiB (0.375 GiB per process)"
+    assert (final.memory_kills, final.sigkills, final.attempts) == ([], 2, 2)
+    assert final.message == "killed (SIGKILL), not for memory, with 0.375 GiB after its retry; not retried again"
 
 
-def test_config_lists_nodes_or_defaults_to_this_machine() -> None:
+def test_config_lists_nodes_or_defaults_to_this_machine(pods: Pods) -> None:
     config = ServerConfig.model_validate(
         {
             "nodes": [{"name": "a", "cores": 2, "memory_gb": 4}, {"name": "b", "cores": 1, "memory_gb": 0.5}],
             "cgroup_root": None,
         }
     )
-    assert [(n.name, n.cores, n.memory_gb, n.allocatable_cores) for n in configured_nodes(config.nodes) or []] == [
+    local = config.executor.local
+    # Settings written at the top, as before the `executor:` section, land in its `local` part.
+    assert (config.executor.kind, local.cgroup_root) == ("local", None)
+    assert [(n.name, n.cores, n.memory_gb, n.allocatable_cores) for n in configured_nodes(local.nodes) or []] == [
         ("a", 2, 4.0, 2.0),
         ("b", 1, 0.5, 1.0),
     ]
-    assert ServerConfig().cgroup_root == "auto"
-    assert configured_nodes(ServerConfig().nodes) is None
+    assert ServerConfig().executor.local.cgroup_root == "auto"
+    assert configured_nodes(ServerConfig().executor.local.nodes) is None
     with pytest.raises(ValueError, match="unique"):
         ServerConfig.model_validate({"nodes": [{"name": "a", "cores": 1, "memory_gb": 1}] * 2})
     (machine,) = default_nodes()
     assert machine.cores >= 1
     assert 0 < machine.memory_gb == int(machine.memory_gb) or machine.memory_gb == 0.5
-    with LocalExecutor.from_config(config) as executor:
+    with LocalExecutor.from_config(local, pods.box, pods.launch) as executor:
         assert [n.name for n in executor.nodes()] == ["a", "b"]
         assert executor.cgroup_version is None
 
@@ -478,12 +494,46 @@ def test_a_retry_after_a_kill_for_memory_runs_the_retry_processes(make_executor,
     )
     spec = dataclasses.replace(
         pods.spec("retry", command=[sys.executable, "-c", script, str(record)], processes=4, memory_gb=0.5),
-        env={"SIMRUN_PROCESSES": "4"},
+        contract={"SIMRUN_PROCESSES": "4"},
         retry_memory_gb=0.75,
         retry_processes=2,
     )
     executor.start_pods([spec])
     wait_for(phase_is(executor, spec, PodPhase.SUCCEEDED))
     assert record.read_text().split() == ["4", "2"]
-    assert status(executor, spec).memory_kills[0].per_worker_gb == 0.125
+    # A SIGKILL without evidence of the OOM killer is retried at the retry memory, but it is no kill for memory.
+    retried = status(executor, spec)
+    assert (retried.memory_kills, retried.sigkills, retried.memory_gb, retried.exit_code) == ([], 1, 0.75, 0)
     assert spec.retry_per_worker_gb == 0.375
+    assert "killed (SIGKILL), not for memory, with 0.5 GiB; retried with 0.75 GiB (0.375 GiB per process)" in (
+        pods.log(spec).read_text()
+    )
+
+
+def test_a_second_sigkill_fails_the_pod_without_calling_it_a_kill_for_memory(make_executor, pods: Pods) -> None:
+    executor = make_executor()
+    die = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+    spec = pods.spec("die", command=die, memory_gb=0.25, retry_memory_gb=0.5)
+    executor.start_pods([spec])
+    wait_for(phase_is(executor, spec, PodPhase.FAILED))
+    failed = status(executor, spec)
+    assert (failed.attempts, failed.sigkills, failed.memory_kills, failed.exit_code) == (2, 2, [], 137)
+    assert failed.message == "killed (SIGKILL), not for memory, with 0.5 GiB after its retry; not retried again"
+
+
+def test_a_restored_pod_keeps_its_memory_kills_attempts_and_reservation(make_executor, pods: Pods) -> None:
+    from simrun_tracker.executor import MemoryKill, PodHistory, RunRecovery
+
+    executor = make_executor([Node("n1", cores=1, memory_gb=1.0), Node("n2", cores=1, memory_gb=1.0)])
+    kill = MemoryKill(0.25, 0.25, "cgroup")
+    executor.restore(RunRecovery("r1", "n2", [PodHistory("again", "w0", [kill], attempts=3)]))
+    assert {n.name: n.reserved_by for n in executor.nodes()} == {"n1": None, "n2": "r1"}
+    again = pods.spec("again")
+    executor.start_pods([again])
+    wait_for(started(executor, pods, again))
+    restored = status(executor, again)
+    # The retry memory after the recorded kill, the next attempt's number, and the reserved node.
+    assert (restored.memory_gb, restored.attempts, restored.node, len(restored.memory_kills)) == (0.375, 4, "n2", 1)
+    assert "attempt 4 of pod r1.again.w0" in pods.log(again).read_text()
+    pods.go("again")
+    wait_for(phase_is(executor, again, PodPhase.SUCCEEDED))

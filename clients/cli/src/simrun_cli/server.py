@@ -40,7 +40,8 @@ def server_config(config: Path | None, store: Path | None, address: str | None, 
     if address is not None:
         updates["address"] = address
     if nodes is not None:
-        updates["nodes"] = load_nodes(nodes)
+        local = base.executor.local.model_copy(update={"nodes": load_nodes(nodes)})
+        updates["executor"] = base.executor.model_copy(update={"local": local})
     return base.model_copy(update=updates)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simrun_core.errors import InvalidArgument
 from simrun_core.validation import first_error
@@ -42,23 +42,15 @@ class ServiceAddresses(BaseModel):
     tracker: str = ""
 
 
-class ServerConfig(BaseModel):
-    """Everything `simrun server` and each service's `__main__` need."""
+class LocalExecutorConfig(BaseModel):
+    """The local executor: pods as process groups on this machine."""
 
     model_config = ConfigDict(extra="forbid")
-    home: Path = Field(default_factory=simrun_home, description="Holds the default store, tokens and token.")
-    store: Path = Field(default_factory=lambda: simrun_home() / "store")
-    address: str = f"127.0.0.1:{DEFAULT_PORT}"
-    tokens_file: Path | None = Field(default=None, description="None: the home's tokens.yaml, made if missing.")
     nodes: list[NodeConfig] | None = Field(default=None, description="None: one node with this machine's size.")
     cgroup_root: Literal["auto"] | Path | None = Field(
         default="auto", description="Where pod memory cgroups go: auto-detected, a mount, or null (watchdog only)."
     )
     poll_s: float = Field(default=0.1, gt=0, description="Seconds between two passes of the local scheduler.")
-    services: ServiceAddresses = Field(default_factory=ServiceAddresses)
-    service_token: str = Field(default="", description="Token a service sends another (tracker to learner).")
-    grace_s: float = Field(default=10.0, gt=0, description="Seconds a stopped pod has before SIGKILL.")
-    merge_wait_s: float = Field(default=120.0, ge=0, description="Seconds to await the merge marker.")
 
     @field_validator("nodes")
     @classmethod
@@ -68,6 +60,66 @@ class ServerConfig(BaseModel):
         if duplicates:
             raise ValueError(f"node names must be unique: {', '.join(duplicates)}")
         return nodes
+
+
+class ExecutorConfig(BaseModel):
+    """Which executor adapter runs the pods, and its settings."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["local", "kubernetes"] = Field(default="local", description="local: this machine; kubernetes: k3s.")
+    local: LocalExecutorConfig = Field(default_factory=LocalExecutorConfig)
+    kubernetes: dict[str, Any] | None = Field(
+        default=None, description="The kubernetes adapter's settings, checked by its own model when chosen."
+    )
+
+
+class DriverConfig(BaseModel):
+    """How the tracker's driver retries a step that failed for a transient reason."""
+
+    model_config = ConfigDict(extra="forbid")
+    backoff_initial_s: float = Field(default=0.5, gt=0, description="Seconds before the first retry of a step.")
+    backoff_max_s: float = Field(default=30.0, gt=0, description="The longest wait between two retries, seconds.")
+    give_up_s: float = Field(
+        default=600.0, gt=0, description="Seconds of failing steps after which a run fails with the last error."
+    )
+    tick_s: float = Field(default=2.0, gt=0, description="Seconds between two visits of a run nothing woke.")
+
+
+class ServerConfig(BaseModel):
+    """Everything `simrun server` and each service's `__main__` need."""
+
+    model_config = ConfigDict(extra="forbid")
+    home: Path = Field(default_factory=simrun_home, description="Holds the default store, tokens and token.")
+    store: Path = Field(default_factory=lambda: simrun_home() / "store")
+    index: Path | None = Field(
+        default=None, description="The run index (a cache): None for beside the store; on a cluster, local disk."
+    )
+    address: str = f"127.0.0.1:{DEFAULT_PORT}"
+    tokens_file: Path | None = Field(default=None, description="None: the home's tokens.yaml, made if missing.")
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    driver: DriverConfig = Field(default_factory=DriverConfig)
+    services: ServiceAddresses = Field(default_factory=ServiceAddresses)
+    service_token: str = Field(default="", description="Token a service sends another (tracker to learner).")
+    grace_s: float = Field(default=10.0, gt=0, description="Seconds a stopped pod has before SIGKILL.")
+    merge_wait_s: float = Field(default=120.0, ge=0, description="Seconds to await the merge marker.")
+    max_concurrent_calls: int = Field(
+        default=1000, ge=8, description="Calls served at once (streams included); more are RESOURCE_EXHAUSTED."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_settings_at_the_top(cls, data: Any) -> Any:
+        """Configs written before the `executor:` section name the local executor's settings at the top."""
+        if isinstance(data, dict) and any(k in data for k in ("nodes", "cgroup_root", "poll_s")):
+            data = dict(data)
+            executor = dict(data.get("executor") or {})
+            local = dict(executor.get("local") or {})
+            for key in ("nodes", "cgroup_root", "poll_s"):
+                if key in data:
+                    local[key] = data.pop(key)
+            executor["local"] = local
+            data["executor"] = executor
+        return data
 
     @classmethod
     def load(cls, path: Path) -> ServerConfig:

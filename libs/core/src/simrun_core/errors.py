@@ -7,6 +7,8 @@ class SimrunError(Exception):
     """A failure a caller can act on; its message is one line that says what to fix."""
 
     code_name = "INTERNAL"
+    transient = False
+    """Whether trying again later may succeed (a service down, an overload), as opposed to a refusal."""
 
 
 class InvalidArgument(SimrunError):
@@ -49,6 +51,14 @@ class Unavailable(SimrunError):
     """A service that cannot be reached right now."""
 
     code_name = "UNAVAILABLE"
+    transient = True
+
+
+class ResourceExhausted(SimrunError):
+    """A server at its bound of concurrent calls, or an identity at its bound of active runs."""
+
+    code_name = "RESOURCE_EXHAUSTED"
+    transient = True
 
 
 ERRORS_BY_CODE_NAME: dict[str, type[SimrunError]] = {
@@ -62,5 +72,6 @@ ERRORS_BY_CODE_NAME: dict[str, type[SimrunError]] = {
         PermissionDenied,
         Unauthenticated,
         Unavailable,
+        ResourceExhausted,
     )
 }

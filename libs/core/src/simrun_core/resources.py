@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from simrun_core.errors import InvalidArgument
+
 
 class SplitMode(StrEnum):
     """How a split task is divided into pods."""
@@ -33,3 +35,23 @@ class ResolvedResources:
     unit_seconds: float | None = None
     rule: ResolutionRule = ResolutionRule.HINT
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class ObservationKey:
+    """What observations are learned for: the task type, the model and the value of the type's cost_setting.
+
+    Attributes:
+        task_type: The task type's name.
+        model: The model: the name of the run's first snapshot.
+        cost_value: The value of the type's cost_setting as a string (JSON but for a string); empty if none.
+    """
+
+    task_type: str
+    model: str
+    cost_value: str = ""
+
+    def check(self) -> None:
+        """Refuses a key without its task type or model (`InvalidArgument`)."""
+        if not self.task_type or not self.model:
+            raise InvalidArgument(f"an observation key needs a task type and a model, got {self}")

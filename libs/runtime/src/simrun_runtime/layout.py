@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +13,18 @@ PROVENANCE = "provenance.json"
 SUMMARY = "summary.json"
 MERGE_MARKER = ".merged"
 PROGRESS = "progress.jsonl"
+FAILURE = "failure.json"
 UNIT_COUNT = "count"
+
+WORKER_NAME = re.compile(r"w[0-9]{1,6}|exec|merge")
+"""The worker names of a task's pods: `w0` (coordinator or unsplit pod), `w1`… extra workers, `exec`, `merge`."""
+
+
+def checked_worker(name: str) -> str:
+    """A worker name from a request, refused (`ValueError`) unless it is one the ledger uses: never a path or glob."""
+    if not WORKER_NAME.fullmatch(name):
+        raise ValueError(f"no worker {name!r}: a worker is w0, w1, …, exec or merge")
+    return name
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,11 @@ class TaskLayout:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def failure(self) -> Path:
+        """Why the task failed, as the runtime saw it (the unit, the exception, the worker), written atomically."""
+        return self.root / FAILURE
 
     @property
     def progress(self) -> Path:

@@ -160,11 +160,34 @@ class TaskSetup:
             settings = task_type.validate_settings(raw)
         except SettingsError as exc:
             raise UsageError(f"{task.settings}: {exc}") from None
-        inputs = resolve_inputs(run, task_id, task_record, type(task_type).inputs)
+        inputs = resolve_inputs(run, task_id, task_record, type(task_type).inputs, record)
         return cls(run, task, record, task_record, model_root, task_type, settings, inputs)
 
 
-def resolve_inputs(run: RunLayout, task_id: str, task_record: TaskRecord, ports: tuple[str, ...]) -> dict[str, Path]:
+INPUT_WAIT_S = 120.0
+"""Seconds a pod awaits an input's merge marker: NFS's attribute cache may hide it from another client that long."""
+
+
+def await_merged(run: RunLayout, upstream: str, record: RunRecord | None, wait_s: float = INPUT_WAIT_S) -> None:
+    """Waits until a split upstream task's merge marker is visible, so no pod computes from a half-merged input.
+
+    A cluster starts a downstream task as soon as the upstream coordinator exits, before this client may see the
+    marker its merge wrote last.
+    """
+    upstream_record = record.tasks.get(upstream) if record is not None else None
+    if upstream_record is None or not upstream_record.split:
+        return
+    marker = run.task(upstream).merge_marker
+    deadline = time.monotonic() + wait_s
+    while not marker.is_file():
+        if time.monotonic() >= deadline:
+            raise UsageError(f"input task {upstream!r} shows no merge marker after {wait_s:.0f} s: it has not merged")
+        time.sleep(0.5)
+
+
+def resolve_inputs(
+    run: RunLayout, task_id: str, task_record: TaskRecord, ports: tuple[str, ...], record: RunRecord | None = None
+) -> dict[str, Path]:
     """Input port -> the upstream `tasks/<task>/out/<port>` directory, checked against the type's input ports."""
     unknown = sorted(set(task_record.inputs) - set(ports))
     if unknown:
@@ -177,6 +200,7 @@ def resolve_inputs(run: RunLayout, task_id: str, task_record: TaskRecord, ports:
         upstream, sep, upstream_port = source.rpartition(".")
         if not sep or not upstream:
             raise UsageError(f"task {task_id!r}: input {port!r} must name `<task>.<port>`, not {source!r}")
+        await_merged(run, upstream, record)
         path = run.task(upstream).out_port(upstream_port)
         if not path.is_dir():
             raise UsageError(

@@ -107,6 +107,8 @@ class TaskRecord(BaseModel):
     cost_value: str | None = None
     plan: dict[str, Any] | None = Field(default=None, description="The planner's TaskPlan, as a mapping.")
     resources: dict[str, Any] | None = Field(default=None, description="The resolved resources it was planned with.")
+    unit_timeout_s: float | None = Field(default=None, description="The workflow's time limit per unit, seconds.")
+    attempts: dict[str, int] = Field(default_factory=dict, description="worker -> attempts its pod was started")
     state: TaskState = TaskState.PENDING
     message: str = ""
     started_at: datetime | None = None
@@ -126,7 +128,8 @@ class RunRecord(BaseModel):
     state: RunState = RunState.SUBMITTING
     tasks: dict[str, TaskRecord] = Field(default_factory=dict, description="In the order they run.")
     snapshots: list[SnapshotRef] = Field(default_factory=list)
-    environment: str | None = Field(default=None, description="The image or interpreter of the run.")
+    environment: str | None = Field(default=None, description="The id of the run's environment, once resolved.")
+    request_id: str = Field(default="", description="The submitter's request id: a retried submission's key.")
     reservation: str | None = Field(default=None, description="The node the run reserves.")
     oom_kills: list[OomKill] = Field(default_factory=list)
     cancel_requested: bool = False

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from simrun_core.errors import FailedPrecondition, InvalidArgument
-from simrun_core.resources import ResolutionRule, ResolvedResources
+from simrun_core.resources import ObservationKey, ResolutionRule, ResolvedResources
 
 WINDOW = 20
 """A request is resolved from the last this many observations of its key."""
@@ -22,26 +22,6 @@ MARGIN = 1.1
 
 OOM_FACTOR = 1.5
 """After a kill for memory, a request is at least this many times the memory per process the pod had."""
-
-
-@dataclass(frozen=True)
-class ObservationKey:
-    """What observations are learned for: the task type, the model and the value of the type's cost_setting.
-
-    Attributes:
-        task_type: The task type's name.
-        model: The model: the name of the run's first snapshot.
-        cost_value: The value of the type's cost_setting as a string (JSON but for a string); empty if none.
-    """
-
-    task_type: str
-    model: str
-    cost_value: str = ""
-
-    def check(self) -> None:
-        """Refuses a key without its task type or model (`InvalidArgument`)."""
-        if not self.task_type or not self.model:
-            raise InvalidArgument(f"an observation key needs a task type and a model, got {self}")
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def submission(store: StoreLayout, request: tracker_pb2.SubmitRunRequest) -> Sub
         group=request.group,
         mode=mode_from_proto(request.mode),
         reserve=request.reserve,
+        request_id=request.request_id,
     )
 
 

@@ -1,4 +1,8 @@
-"""The SQLite index of runs beside the store: a cache of the records for listing, rebuilt from them at start."""
+"""The SQLite index of runs: a cache of the records for listing, rebuilt from them at start.
+
+A cache needs no durability, and the store may be NFS, where SQLite's WAL does not work: the index uses a rollback
+journal without fsync, beside the store by default or on local disk where the config says.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 from simrun_runtime.files import read_json
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import RunRecord
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, event, inspect
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
 
@@ -31,6 +35,7 @@ class RunRow(SQLModel, table=True):
     cancel_requested: bool = False
     snapshots: str = Field(default="[]", description="JSON list of `<name>/<snapshot_id>`.")
     summary: str = Field(default="{}", description="JSON: task id -> its summary.json, once merged.")
+    request_id: str = Field(default="", index=True, description="The submitter's request id, if it gave one.")
 
 
 def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
@@ -50,6 +55,7 @@ def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
         cancel_requested=record.cancel_requested,
         snapshots=json.dumps([f"{s.name}/{s.snapshot_id}" for s in record.snapshots]),
         summary=json.dumps(summary, sort_keys=True),
+        request_id=record.request_id,
     )
 
 
@@ -77,10 +83,16 @@ class RunIndex:
         @event.listens_for(self._engine, "connect")
         def _pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.execute("PRAGMA journal_mode=DELETE")
+            cursor.execute("PRAGMA synchronous=OFF")
             cursor.close()
 
+        # A cache: an index written by another version of simrun is dropped whole, and `rebuild` fills it again.
+        tables = inspect(self._engine)
+        if tables.has_table(RunRow.__tablename__):
+            have = {c["name"] for c in tables.get_columns(RunRow.__tablename__)}
+            if have != set(RunRow.model_fields):
+                SQLModel.metadata.drop_all(self._engine, tables=[RunRow.__table__])  # type: ignore[list-item]
         SQLModel.metadata.create_all(self._engine, tables=[RunRow.__table__])  # type: ignore[list-item]
 
     def rebuild(self, store: StoreLayout) -> list[RunRecord]:
@@ -117,6 +129,15 @@ class RunIndex:
         query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
         with Session(self._engine) as session:
             return list(session.exec(query))
+
+    def find_request(self, submitter: str, request_id: str) -> str | None:
+        """The run an identity submitted with a request id, if any: a retried submission returns it."""
+        query = select(RunRow).where(RunRow.request_id == request_id)
+        with Session(self._engine) as session:
+            for row in session.exec(query):
+                if (row.agent or row.owner) == submitter:
+                    return row.run_id
+        return None
 
     def close(self) -> None:
         self._engine.dispose()

@@ -7,14 +7,14 @@ from typing import Any
 import grpc
 from simrun.v1 import learner_pb2, learner_pb2_grpc
 from simrun_core.errors import FailedPrecondition
-from simrun_core.resources import ResolvedResources
+from simrun_core.resources import ObservationKey, ResolvedResources
 from simrun_core.rpc.channel import open_channel
 from simrun_core.rpc.errors import to_domain_error
 from simrun_core.telemetry import Telemetry
 from simrun_learner import convert
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.reports import observations_from_reports
-from simrun_learner.rules import Observation, ObservationKey
+from simrun_learner.rules import Observation
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import RunRecord
 

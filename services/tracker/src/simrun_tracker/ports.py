@@ -1,13 +1,15 @@
-"""The tracker's other ports: where it resolves resources, records observations and finds a run's interpreter."""
+"""The tracker's other ports: where it resolves resources, records observations and finds a run's environment."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
-from simrun_core.resources import ResolvedResources
-from simrun_learner.rules import ObservationKey
-from simrun_runtime.record import RunRecord
+from simrun_core.errors import FailedPrecondition
+from simrun_core.resources import ObservationKey, ResolvedResources
+from simrun_runtime.record import RunRecord, SnapshotRef
 
 
 class LearnerPort(Protocol):
@@ -30,14 +32,89 @@ class LearnerPort(Protocol):
         ...
 
 
+class EnvironmentState(StrEnum):
+    """The lifecycle of an environment, as `envbuilder.proto` has it."""
+
+    BUILDING = "building"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """An environment of a run's snapshots as the builder reports it; no host path crosses this port."""
+
+    environment_id: str
+    state: EnvironmentState
+    message: str = ""
+    """While building, what it is doing; once failed, the builder's reason and its log's tail."""
+    python_version: str = ""
+    image: str = ""
+    """The image by digest where pods run images (a cluster); empty on this machine."""
+    lock_hash: str = ""
+
+
+DEFAULT_ENVIRONMENT = "default"
+"""The environment of a model without `pyproject.toml`: the server's interpreter here, the default image there."""
+
+
 class EnvironmentPort(Protocol):
-    """Finds the interpreter a run's pods and type descriptions use: the seam of the environment builder."""
+    """The environment builder as the tracker uses it: asynchronous, since a lock or an image takes minutes.
 
-    def interpreter(self, record: RunRecord) -> str: ...
+    `resolve` answers at once: an environment READY, BUILDING (a build started or under way) or FAILED. The
+    tracker asks again with `get` on its next step; a run stays SUBMITTING while its environment builds.
+    """
+
+    def resolve(self, snapshots: list[SnapshotRef]) -> Environment:
+        """The environment of a run's snapshots (the first is the model), starting its build where needed.
+
+        Raises:
+            InvalidArgument: a model whose dependencies cannot be locked (with the resolver's reason).
+            NotFound: a snapshot not in the store.
+        """
+        ...
+
+    def get(self, environment_id: str) -> Environment:
+        """An environment's state now; `NotFound` for an unknown id."""
+        ...
+
+    def close(self) -> None:
+        """Releases what the port holds."""
+        ...
 
 
-class ServerInterpreter:
-    """Until the environment builder exists, every run uses the server's own interpreter."""
+class LocalInterpreters(Protocol):
+    """Where a READY environment's interpreter is on this machine: what describers and local pods run.
 
-    def interpreter(self, record: RunRecord) -> str:
+    This is the local side of environments, given to the describer and the local executor by the wiring; it
+    never crosses the executor or environment port.
+    """
+
+    def interpreter(self, environment_id: str, run_id: str | None = None) -> str:
+        """The interpreter of an environment, for a run's pods (its overlay of the run's snapshots) or, without a
+        run, for describing types. Raises `FailedPrecondition` when the environment is not ready here."""
+        ...
+
+
+class ServerEnvironments:
+    """Until the environment builder is wired in, every run's environment is the server's own interpreter."""
+
+    def resolve(self, snapshots: list[SnapshotRef]) -> Environment:
+        return Environment(DEFAULT_ENVIRONMENT, EnvironmentState.READY, python_version=_python_version())
+
+    def get(self, environment_id: str) -> Environment:
+        if environment_id != DEFAULT_ENVIRONMENT:
+            raise FailedPrecondition(f"environment {environment_id!r} is unknown to this server's default builder")
+        return self.resolve([])
+
+    def interpreter(self, environment_id: str, run_id: str | None = None) -> str:
+        if environment_id != DEFAULT_ENVIRONMENT:
+            raise FailedPrecondition(f"environment {environment_id!r} is not on this machine")
         return sys.executable
+
+    def close(self) -> None:
+        return None
+
+
+def _python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"

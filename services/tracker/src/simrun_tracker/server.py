@@ -4,36 +4,59 @@ from __future__ import annotations
 
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
 from simrun_core.config import ServerConfig
+from simrun_core.errors import InvalidArgument
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
 from simrun_learner.learner import ResourceLearner
 from simrun_runtime.layout import StoreLayout
 
 from simrun_tracker.describer import SubprocessDescriber
+from simrun_tracker.executor import Executor, PodSpec
 from simrun_tracker.learning import GrpcLearner, InProcessLearner
 from simrun_tracker.local import LocalExecutor
-from simrun_tracker.ports import LearnerPort, ServerInterpreter
+from simrun_tracker.local.executor import Launcher
+from simrun_tracker.ports import LearnerPort, LocalInterpreters, ServerEnvironments
 from simrun_tracker.servicer import RunTrackerServicer
 from simrun_tracker.tracker import RunTracker
 
 SERVICE_NAME = tracker_pb2.DESCRIPTOR.services_by_name["RunTrackerService"].full_name
 
 
+def local_launcher(interpreters: LocalInterpreters) -> Launcher:
+    """How this machine runs a pod: its environment's interpreter (the run's overlay) and the runtime module."""
+
+    def launch(spec: PodSpec) -> list[str]:
+        return [interpreters.interpreter(spec.environment_id, spec.run_id), "-m", spec.role.module]
+
+    return launch
+
+
+def build_executor(config: ServerConfig, store: StoreLayout, interpreters: LocalInterpreters) -> Executor:
+    """The executor the config's `executor:` section chooses."""
+    if config.executor.kind == "local":
+        return LocalExecutor.from_config(config.executor.local, store.root, local_launcher(interpreters))
+    raise InvalidArgument(f"executor kind {config.executor.kind!r} is not available in this build of simrun")
+
+
 def build_tracker(config: ServerConfig, store: StoreLayout, learner: ResourceLearner | None) -> RunTracker:
-    """A run tracker over the local executor, with the learner in process or at `config.services.learner`."""
+    """A run tracker over the configured executor, with the learner in process or at `config.services.learner`."""
     port: LearnerPort
     if learner is not None:
         port = InProcessLearner(learner, store)
     else:
         port = GrpcLearner(config.services.learner, store, config.service_token)
+    environments = ServerEnvironments()
     return RunTracker(
         store,
-        LocalExecutor.from_config(config),
+        build_executor(config, store, environments),
         port,
         SubprocessDescriber(),
-        ServerInterpreter(),
+        environments,
+        environments,
         grace_s=config.grace_s,
         merge_wait_s=config.merge_wait_s,
+        driver=config.driver,
+        index_path=config.index,
     )
 
 

@@ -49,7 +49,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def WatchRun(
         self, request: tracker_pb2.WatchRunRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.WatchRunResponse]:
-        for record, progress in self.tracker.watch(request.run_id):
+        for record, progress in self.tracker.watch(request.run_id, context.is_active):
             if not context.is_active():
                 return
             yield tracker_pb2.WatchRunResponse(

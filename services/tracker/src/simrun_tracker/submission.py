@@ -8,9 +8,8 @@ from pathlib import Path
 
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_core.identity import Priority
-from simrun_core.resources import ResolvedResources, SplitMode
+from simrun_core.resources import ObservationKey, ResolvedResources, SplitMode
 from simrun_core.workflow import Workflow
-from simrun_learner.rules import ObservationKey
 from simrun_planner import Node, PlanError, TaskPlan, plan_task
 from simrun_runtime.describe import DescribeRequest
 from simrun_runtime.layout import StoreLayout

@@ -861,7 +861,7 @@ class Run(_message.Message):
     workflow: _builtins.str
     """The workflow as submitted, YAML."""
     environment: _builtins.str
-    """The environment (image or interpreter) its pods run in."""
+    """The id of the environment its pods run in (a venv on one machine, an image on a cluster)."""
     @_builtins.property
     def identity(self) -> Global___Identity:
         """Who submitted it."""

@@ -30,6 +30,7 @@ class SubmitRunRequest(_message.Message):
     GROUP_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
     RESERVE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     workflow: _builtins.str
     """The workflow, YAML: tasks with type, settings and inputs; optional mode, group and reserve."""
     group: _builtins.str
@@ -38,6 +39,8 @@ class SubmitRunRequest(_message.Message):
     """The split mode for every task, overriding the workflow's; UNSPECIFIED keeps it."""
     reserve: _builtins.str
     """A node to reserve for the run; empty for the workflow's or none."""
+    request_id: _builtins.str
+    """The caller's key for this submission: a retry with the same key by the same identity returns the first run."""
     @_builtins.property
     def snapshots(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Snapshot]:
         """The snapshots of its sources, already in the store; the first is the model."""
@@ -50,10 +53,11 @@ class SubmitRunRequest(_message.Message):
         group: _builtins.str = ...,
         mode: _common_pb2.SplitMode.ValueType = ...,
         reserve: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "mode", b"mode", "reserve", b"reserve", "snapshots", b"snapshots", "workflow", b"workflow"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "mode", b"mode", "request_id", b"request_id", "reserve", b"reserve", "snapshots", b"snapshots", "workflow", b"workflow"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

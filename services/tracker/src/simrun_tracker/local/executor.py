@@ -12,17 +12,31 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from simrun_core.config import ServerConfig
+from simrun_core.config import LocalExecutorConfig
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_core.identity import priority_value
 from simrun_planner import Node
+from simrun_runtime.layout import StoreLayout, checked_worker
 
-from simrun_tracker.executor import MemoryKill, PodPhase, PodSpec, PodStatus
+from simrun_tracker.executor import (
+    SIGKILL_EXIT,
+    SIGTERM_EXIT,
+    STORE_PATH_VARIABLES,
+    ChangeListener,
+    MemoryKill,
+    PodPhase,
+    PodSpec,
+    PodStatus,
+    RunRecovery,
+    RunSpec,
+    TaskOrdering,
+)
 from simrun_tracker.local.admission import Placed, Slot, Waiting, decide
 from simrun_tracker.local.config import configured_nodes, default_nodes
 from simrun_tracker.local.memory import (
@@ -42,8 +56,11 @@ WATCHDOG_INTERVAL_S = 0.2
 STOPPED = "stopped"
 """The message of a pod stopped with its run or task."""
 
-_SIGTERM_EXITS = {143, -signal.SIGTERM}
-_SIGKILL_EXITS = {137, -signal.SIGKILL}
+LOG_POLL_S = 0.25
+"""Seconds between two reads of a followed pod log."""
+
+Launcher = Callable[[PodSpec], list[str]]
+"""How this machine runs a pod: its command line, from the pod's role and environment (a local concern)."""
 # `sh -c` puts the pod into its cgroup before the command is exec'd, so no byte of user code runs outside of it.
 _ENTER_CGROUP = 'echo $$ > "$0" && exec "$@"'
 
@@ -79,14 +96,20 @@ class LocalExecutor:
     one can be made, else by killing its process group once its anonymous memory passes the limit.
 
     Args:
+        store_root: the run store on this machine; pods' store-relative paths are resolved against it.
+        launcher: a pod's command line on this machine (interpreter of its environment, runtime module).
         nodes: the nodes; None for this machine as one node (`default_nodes`).
         cgroup_root: the memory cgroup mount (v1 `/sys/fs/cgroup/memory` or v2 `/sys/fs/cgroup`), `"auto"` to detect
             it, or None to enforce limits with the watchdog only.
         poll_s: seconds between two passes of the scheduler.
     """
 
+    ordering = TaskOrdering.DRIVER
+
     def __init__(
         self,
+        store_root: Path,
+        launcher: Launcher,
         nodes: list[Node] | None = None,
         cgroup_root: Path | Literal["auto"] | None = "auto",
         poll_s: float = 0.1,
@@ -98,6 +121,10 @@ class LocalExecutor:
         if len(set(names)) != len(names):
             raise InvalidArgument(f"node names must be unique: {names}")
         self.executor_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._store = StoreLayout(Path(store_root))
+        self._launcher = launcher
+        self._listeners: list[ChangeListener] = []
+        self._history: dict[tuple[str, str, str], tuple[list[MemoryKill], int]] = {}
         root = detect_cgroup_root() if cgroup_root == "auto" else cgroup_root
         self._cgroups: CgroupPool | None = open_cgroups(root, self.executor_id)
         self._poll_s = poll_s
@@ -114,9 +141,15 @@ class LocalExecutor:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: ServerConfig) -> LocalExecutor:
-        """The executor a server config describes: its nodes (or this machine), cgroup root and poll interval."""
-        return cls(nodes=configured_nodes(config.nodes), cgroup_root=config.cgroup_root, poll_s=config.poll_s)
+    def from_config(cls, config: LocalExecutorConfig, store_root: Path, launcher: Launcher) -> LocalExecutor:
+        """The executor a server config's `executor.local` describes: nodes (or this machine), cgroups, poll."""
+        return cls(
+            store_root,
+            launcher,
+            nodes=configured_nodes(config.nodes),
+            cgroup_root=config.cgroup_root,
+            poll_s=config.poll_s,
+        )
 
     @property
     def cgroup_version(self) -> int | None:
@@ -130,6 +163,10 @@ class LocalExecutor:
         self.close()
 
     # The port.
+
+    def subscribe(self, listener: ChangeListener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
 
     def nodes(self) -> list[Node]:
         with self._lock:
@@ -147,10 +184,49 @@ class LocalExecutor:
             for spec in pods:
                 if spec.pod_id in self._pods:
                     continue
-                status = PodStatus(spec=spec, phase=PodPhase.PENDING, memory_gb=spec.memory_gb)
+                kills, attempts = self._history.pop((spec.run_id, spec.task_id, spec.worker), ([], 0))
+                memory_gb = spec.retry_memory_gb if kills else spec.memory_gb
+                status = PodStatus(
+                    spec=spec, phase=PodPhase.PENDING, memory_gb=memory_gb, attempts=attempts, memory_kills=kills
+                )
                 self._pods[spec.pod_id] = _Pod(spec, status, priorities[spec.pod_id], self._next_seq())
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
         self._wake.set()
+
+    def start_run(self, run: RunSpec) -> None:
+        raise FailedPrecondition("the local executor starts a run's tasks one by one (start_pods), not a whole run")
+
+    def restore(self, recovery: RunRecovery) -> None:
+        """Re-applies a run's reservation and each pod's memory kills and attempts, before its pods start again."""
+        if recovery.reservation:
+            self.reserve(recovery.reservation, recovery.run_id)
+        with self._lock:
+            for pod in recovery.pods:
+                key = (recovery.run_id, pod.task_id, pod.worker)
+                self._history[key] = ([dataclasses.replace(k) for k in pod.memory_kills], pod.attempts)
+
+    def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
+        """Reads `tasks/<task>/logs/<worker>.log` of the store, from where the last read stopped."""
+        logs_dir = self._store.run(run_id).task(task_id).logs
+        offsets: dict[str, int] = {}
+        pattern = f"{checked_worker(worker)}.log" if worker else "*.log"
+        while True:
+            live = follow and any(not p.status.phase.final for p in self._pods_of(run_id) if p.spec.task_id == task_id)
+            for path in sorted(logs_dir.glob(pattern)) if logs_dir.is_dir() else []:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(path.name, 0))
+                    data = f.read()
+                cut = data.rfind(b"\n") + 1
+                if cut:
+                    offsets[path.name] = offsets.get(path.name, 0) + cut
+                    yield path.name, data[:cut].decode(errors="replace")
+            if not live:
+                return
+            time.sleep(LOG_POLL_S)
+
+    def _pods_of(self, run_id: str) -> list[_Pod]:
+        with self._lock:
+            return [self._pods[pod_id] for pod_id in self._by_run.get(run_id, [])]
 
     def pods(self, run_id: str) -> list[PodStatus]:
         with self._lock:
@@ -185,6 +261,8 @@ class LocalExecutor:
         self._wake.set()
 
     def close(self) -> None:
+        """Stops this machine's pods with the executor (its own choice: processes cannot outlive their parent's
+        supervision here); a restarted tracker starts them again from their ledgers."""
         with self._lock:
             if self._closed:
                 return
@@ -288,19 +366,21 @@ class LocalExecutor:
         status.message = ""
         pod.claim = None
         pod.seq = self._next_seq()
+        self._changed(pod)
         limit = int(status.memory_gb * GIB)
-        processes = spec.processes_after(len(status.memory_kills))
-        env = {**os.environ, **spec.env, "SIMRUN_PROCESSES": str(processes)}
-        env.pop("SIMRUN_CGROUP", None)
-        command = list(spec.command)
+        processes = spec.processes_after(self._retried(status))
+        run = self._store.run(spec.run_id)
+        log_path = run.task(spec.task_id).logs / f"{spec.worker}.log"
+        env = self._variables(spec, processes)
         try:
+            command = list(self._launcher(spec))
             if self._cgroups is not None:
                 name = f"{re.sub(r'[^A-Za-z0-9._-]', '_', spec.pod_id)}.{status.attempts}"
                 pod.cgroup = self._cgroups.create(name, limit)
                 env["SIMRUN_CGROUP"] = str(pod.cgroup.path)
                 command = ["/bin/sh", "-c", _ENTER_CGROUP, str(pod.cgroup.procs_file), *command]
-            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with spec.log_path.open("ab") as log:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("ab") as log:
                 limit_by = f"cgroup v{self._cgroups.version}" if self._cgroups else "watchdog"
                 log.write(
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
@@ -310,19 +390,32 @@ class LocalExecutor:
                 log.flush()
                 pod.process = subprocess.Popen(
                     command,
-                    cwd=spec.cwd,
+                    cwd=run.root,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        except (OSError, ValueError, subprocess.SubprocessError, FailedPrecondition) as exc:
             # A pod that cannot be started fails rather than staying "running" with no process.
             if pod.cgroup is not None:
                 pod.cgroup.remove()
                 pod.cgroup = None
             self._final(pod, PodPhase.FAILED, f"cannot start: {exc}")
+
+    def _variables(self, spec: PodSpec, processes: int) -> dict[str, str]:
+        """A pod's environment variables: the machine's, then the runtime contract with the store's paths here."""
+        env = {**os.environ, **spec.contract, "SIMRUN_PROCESSES": str(processes)}
+        for name in STORE_PATH_VARIABLES & spec.contract.keys():
+            env[name] = str(self._store.root / spec.contract[name])
+        env.pop("SIMRUN_CGROUP", None)
+        return env
+
+    @staticmethod
+    def _retried(status: PodStatus) -> bool:
+        """Whether the pod was killed once (for memory, or by SIGKILL) and runs at its retry memory."""
+        return bool(status.memory_kills) or status.sigkills > 0
 
     def _watchdog(self) -> None:
         watched = {p.process.pid: p for p in self._pods.values() if p.process is not None and p.cgroup is None}
@@ -334,15 +427,18 @@ class LocalExecutor:
                 pod.watchdog_bytes = anon
                 _signal_group(pgid, signal.SIGKILL)
 
-    def _exited(self, pod: _Pod, code: int) -> None:
+    def _exited(self, pod: _Pod, returncode: int) -> None:
         """Records an exit and decides what follows, as Argo's retry strategy and Kueue's requeueing would."""
         assert pod.process is not None
         status = pod.status
+        # Popen reports a signal N as -N; a container's exit code is 128 + N.
+        code = 128 - returncode if returncode < 0 else returncode
         status.exit_code = code
+        described = _describe(returncode)
         evidence = None
         if pod.watchdog_bytes is not None:
             evidence = "watchdog"
-        elif pod.cgroup is not None and pod.cgroup.killed_for_memory(sigkilled=code in _SIGKILL_EXITS):
+        elif pod.cgroup is not None and pod.cgroup.killed_for_memory(sigkilled=code == SIGKILL_EXIT):
             evidence = "cgroup"
         seen = ""
         if evidence == "watchdog" and pod.watchdog_bytes:
@@ -357,51 +453,74 @@ class LocalExecutor:
         pod.cgroup = None
         stopping, pod.stopping, pod.kill_at = pod.stopping, None, None
         pod.watchdog_bytes = None
+        sigkilled = code == SIGKILL_EXIT and stopping is None
 
         if code == 0:
-            self._final(pod, PodPhase.SUCCEEDED, "", code)
+            self._final(pod, PodPhase.SUCCEEDED, "", described)
         elif stopping == STOPPED:
-            self._final(pod, PodPhase.FAILED, STOPPED, code)
-        elif evidence is not None or (code in _SIGKILL_EXITS and stopping is None):
-            processes = pod.spec.processes_after(len(status.memory_kills))
-            kill = MemoryKill(status.memory_gb, status.memory_gb / max(processes, 1), evidence or "sigkill")
-            status.memory_kills.append(kill)
-            if len(status.memory_kills) == 1:
+            self._final(pod, PodPhase.FAILED, STOPPED, described)
+        elif evidence is not None or sigkilled:
+            retried = self._retried(status)
+            processes = pod.spec.processes_after(retried)
+            per_process = gib(status.memory_gb / max(processes, 1))
+            if evidence is not None:
+                kill = MemoryKill(status.memory_gb, status.memory_gb / max(processes, 1), evidence)
+                status.memory_kills.append(kill)
+                what = (
+                    f"killed for memory ({evidence}{seen}) with {gib(kill.memory_gb)} GiB "
+                    f"({per_process} GiB per process)"
+                )
+            else:
+                status.sigkills += 1
+                what = f"killed (SIGKILL), not for memory, with {gib(status.memory_gb)} GiB"
+            if not retried:
+                retry = pod.spec
                 self._requeue(
                     pod,
-                    f"killed for memory ({kill.evidence}{seen}) with {gib(kill.memory_gb)} GiB; "
-                    f"retried with {gib(pod.spec.retry_memory_gb)} GiB",
-                    code,
+                    f"{what}; retried with {gib(retry.retry_memory_gb)} GiB "
+                    f"({gib(retry.retry_per_worker_gb)} GiB per process)",
+                    described,
                 )
                 status.memory_gb = pod.spec.retry_memory_gb
-            else:
+            elif evidence is not None:
                 self._final(
                     pod,
                     PodPhase.FAILED,
-                    f"killed for memory twice; the retry had {gib(kill.memory_gb)} GiB "
-                    f"({gib(kill.per_worker_gb)} GiB per process)",
-                    code,
+                    f"killed for memory twice; the retry had {gib(status.memory_gb)} GiB "
+                    f"({per_process} GiB per process)",
+                    described,
                 )
-        elif stopping is not None or code in _SIGTERM_EXITS:
+            else:
+                self._final(pod, PodPhase.FAILED, f"{what} after its retry; not retried again", described)
+        elif stopping is not None or code == SIGTERM_EXIT:
             status.preemptions += 1
             why = {"preempted": "preempted by a higher priority", "evicted": "evicted by a reservation"}
-            self._requeue(pod, f"{why.get(stopping or '', 'stopped on SIGTERM')}; queued again", code)
+            self._requeue(pod, f"{why.get(stopping or '', 'stopped on SIGTERM')}; queued again", described)
         else:
-            self._final(pod, PodPhase.FAILED, f"failed with {_describe(code)}", code)
+            self._final(pod, PodPhase.FAILED, f"failed with {described}", described)
 
-    def _requeue(self, pod: _Pod, message: str, code: int) -> None:
-        self._log(pod, f"exited with {_describe(code)}: {message}")
+    def _requeue(self, pod: _Pod, message: str, described: str) -> None:
+        self._log(pod, f"exited with {described}: {message}")
         pod.status.phase = PodPhase.PENDING
         pod.status.node = None
         pod.status.message = message
         pod.seq = self._next_seq()
+        self._changed(pod)
 
-    def _final(self, pod: _Pod, phase: PodPhase, message: str, code: int | None = None) -> None:
-        if code is not None:
-            self._log(pod, f"exited with {_describe(code)}: {phase.value}{'; ' + message if message else ''}")
+    def _final(self, pod: _Pod, phase: PodPhase, message: str, described: str | None = None) -> None:
+        if described is not None:
+            self._log(pod, f"exited with {described}: {phase.value}{'; ' + message if message else ''}")
         pod.status.phase = phase
         pod.status.message = message
         pod.claim = None
+        self._changed(pod)
+
+    def _changed(self, pod: _Pod) -> None:
+        for listener in self._listeners:
+            try:
+                listener(pod.spec.run_id)
+            except Exception:
+                logger.exception("a listener of the local executor failed")
 
     def _stop(self, pod: _Pod) -> None:
         if pod.status.phase is PodPhase.PENDING:
@@ -421,7 +540,8 @@ class LocalExecutor:
             _signal_group(pod.process.pid, signal.SIGTERM)
 
     def _log(self, pod: _Pod, line: str) -> None:
-        with contextlib.suppress(OSError), pod.spec.log_path.open("a") as log:
+        log_path = self._store.run(pod.spec.run_id).task(pod.spec.task_id).logs / f"{pod.spec.worker}.log"
+        with contextlib.suppress(OSError), log_path.open("a") as log:
             log.write(f"=== simrun: attempt {pod.status.attempts} {line} ===\n")
 
     def _next_seq(self) -> int:
@@ -434,13 +554,14 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _describe(code: int) -> str:
-    if code < 0:
+def _describe(returncode: int) -> str:
+    """An exit as Popen reported it: `exit code N`, or `signal NAME` for a process a signal ended."""
+    if returncode < 0:
         try:
-            return f"signal {signal.Signals(-code).name}"
+            return f"signal {signal.Signals(-returncode).name}"
         except ValueError:
-            return f"signal {-code}"
-    return f"exit code {code}"
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
 
 
 def _now() -> str:

@@ -1,0 +1,411 @@
+"""The driver: a level-triggered reconciler that moves each active run toward its goal, one step at a time.
+
+A step reads the run's record and what the executor observed of its pods (once per run per step, from the
+adapter's cache), and decides: build the environment, plan, start tasks whose inputs are merged, follow pods,
+record memory kills, end tasks, carry out a cancellation, end the run. It works on its own copy of the record under
+the run's own lock, so readers never wait for it. It is woken by events (a submission, a cancellation, a pod's
+change) and by timers it sets itself (a build to ask about, a merge marker to await, a backoff to wait out).
+
+Errors are classified: a transient one (a service unavailable, an unexpected failure) is retried with an
+exponential backoff per run, up to a bound after which the run fails with the error; a permanent one (a refusal: a
+bad workflow, a refused object) fails the run at once with its message. A run never spins.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from simrun_core.config import DriverConfig
+from simrun_core.errors import SimrunError
+from simrun_runtime.files import read_json
+from simrun_runtime.layout import RunLayout
+from simrun_runtime.record import OomKill, RunRecord, RunState, TaskRecord, TaskState
+
+from simrun_tracker.executor import (
+    COORDINATOR,
+    MERGE_WORKER,
+    Executor,
+    MemoryKill,
+    PodHistory,
+    PodPhase,
+    PodStatus,
+    RunRecovery,
+    TaskOrdering,
+)
+from simrun_tracker.pods import coordinator_merges, merge_pod, run_spec, task_pods
+from simrun_tracker.ports import EnvironmentPort, EnvironmentState, LearnerPort
+from simrun_tracker.runstore import RunStore
+
+log = logging.getLogger(__name__)
+
+BUILD_POLL_S = 1.0
+"""Seconds between two questions to the environment builder about a run's build."""
+
+MERGE_POLL_S = 0.5
+"""Seconds between two looks for a merge marker after the coordinator succeeded."""
+
+CANCELLED_BY = "cancelled by "
+
+
+Planner = Callable[[RunRecord], None]
+"""Describes and plans a run's tasks in place (for a run whose environment was building at submission)."""
+
+
+@dataclass
+class _Backoff:
+    """A run whose steps fail transiently: since when, how often, and when to try again."""
+
+    failures: int
+    first_failure: float
+    next_try: float
+
+
+class Driver:
+    """Drives the active runs of a run store through the executor, the learner and the environment builder."""
+
+    def __init__(
+        self,
+        runs: RunStore,
+        executor: Executor,
+        learner: LearnerPort,
+        environments: EnvironmentPort,
+        planner: Planner,
+        *,
+        grace_s: float = 10.0,
+        merge_wait_s: float = 120.0,
+        config: DriverConfig | None = None,
+    ) -> None:
+        self.runs = runs
+        self.executor = executor
+        self.learner = learner
+        self.environments = environments
+        self.planner = planner
+        self.grace_s = grace_s
+        self.merge_wait_s = merge_wait_s
+        self.config = config or DriverConfig()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._dirty: set[str] = set()
+        self._timers: list[tuple[float, str]] = []
+        self._backoff: dict[str, _Backoff] = {}
+        self._merge_seen: dict[tuple[str, str], float] = {}
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        """Steps taken (for tests and benchmarks)."""
+        executor.subscribe(self.wake)
+        runs.on_change(self._on_save)
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def recover(self, records: list[RunRecord]) -> None:
+        """Re-applies what each active run's record says to the executor, as if the tracker never stopped."""
+        for record in records:
+            pods = []
+            for task in record.tasks.values():
+                for worker in sorted(
+                    set(task.attempts) | {k.worker for k in record.oom_kills if k.task_id == task.task_id}
+                ):
+                    kills = [
+                        MemoryKill(k.memory_gb, k.per_worker_gb, "recorded")
+                        for k in record.oom_kills
+                        if k.task_id == task.task_id and k.worker == worker
+                    ]
+                    pods.append(PodHistory(task.task_id, worker, kills, task.attempts.get(worker, 0)))
+            try:
+                self.executor.restore(RunRecovery(record.run_id, record.reservation, pods))
+            except SimrunError as exc:
+                log.warning("restoring run %s: %s", record.run_id, exc)
+            self.wake(record.run_id)
+
+    def start(self) -> Driver:
+        self._thread = threading.Thread(target=self._loop, name="simrun-run-driver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def wake(self, run_id: str) -> None:
+        """Asks for a step of a run as soon as the driver is free."""
+        with self._lock:
+            self._dirty.add(run_id)
+        self._wake.set()
+
+    def _on_save(self, run_id: str) -> None:
+        # The driver's own saves need no further step; a new run or a cancellation does.
+        if threading.current_thread() is not self._thread:
+            self.wake(run_id)
+
+    def _after(self, run_id: str, delay_s: float) -> None:
+        with self._lock:
+            heapq.heappush(self._timers, (time.monotonic() + delay_s, run_id))
+        self._wake.set()
+
+    # --- the loop --------------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        next_resync = time.monotonic() + self.config.tick_s
+        while not self._stop.is_set():
+            now = time.monotonic()
+            with self._lock:
+                due = self._dirty
+                self._dirty = set()
+                while self._timers and self._timers[0][0] <= now:
+                    due.add(heapq.heappop(self._timers)[1])
+                next_timer = self._timers[0][0] if self._timers else None
+            if now >= next_resync:
+                # A safety net for a lost event: every active run is visited once per tick.
+                due.update(self.runs.active_ids())
+                next_resync = now + self.config.tick_s
+            for run_id in sorted(due):
+                if self._stop.is_set():
+                    return
+                self.step(run_id)
+            wait = next_resync - time.monotonic()
+            if next_timer is not None:
+                wait = min(wait, next_timer - time.monotonic())
+            self._wake.wait(max(wait, 0.0))
+            self._wake.clear()
+
+    def step(self, run_id: str) -> None:
+        """One step of a run, with its errors classified."""
+        backoff = self._backoff.get(run_id)
+        if backoff is not None and time.monotonic() < backoff.next_try:
+            self._after(run_id, backoff.next_try - time.monotonic())
+            return
+        lock = self.runs.run_lock(run_id)
+        with lock:
+            try:
+                record = self.runs.get(run_id)
+            except SimrunError:
+                return
+            if record.state.final:
+                self.runs.forget_lock(run_id)
+                return
+            self.steps += 1
+            try:
+                delay = self._advance(record)
+            except SimrunError as exc:
+                if exc.transient:
+                    self._failed_transiently(record, str(exc))
+                else:
+                    self._fail_run(record, str(exc))
+                return
+            except Exception as exc:
+                log.exception("a step of run %s failed", run_id)
+                self._failed_transiently(record, f"{type(exc).__name__}: {exc}")
+                return
+            self._backoff.pop(run_id, None)
+            if delay is not None:
+                self._after(run_id, delay)
+
+    def _failed_transiently(self, record: RunRecord, error: str) -> None:
+        now = time.monotonic()
+        backoff = self._backoff.setdefault(record.run_id, _Backoff(0, now, now))
+        backoff.failures += 1
+        if now - backoff.first_failure >= self.config.give_up_s:
+            self._fail_run(record, f"failing for {now - backoff.first_failure:.0f} s: {error}")
+            return
+        delay = min(self.config.backoff_initial_s * 2 ** (backoff.failures - 1), self.config.backoff_max_s)
+        backoff.next_try = now + delay
+        log.warning("run %s: a step failed (%s); tried again in %.1f s", record.run_id, error, delay)
+        self._after(record.run_id, delay)
+
+    def _fail_run(self, record: RunRecord, message: str) -> None:
+        """Fails a run whose step cannot succeed, keeping what the step changed."""
+        self._backoff.pop(record.run_id, None)
+        try:
+            self.executor.stop_pods(record.run_id)
+        except Exception:
+            log.exception("stopping the pods of failed run %s", record.run_id)
+        self._finish(record, RunState.FAILED, message)
+
+    # --- one step --------------------------------------------------------------------------------------------
+
+    def _advance(self, record: RunRecord) -> float | None:
+        """Moves a run one step toward its goal; returns when to look again without an event (None: on events)."""
+        before = record.model_dump(mode="json", exclude={"updated_at"})
+        if record.cancel_requested:
+            self.executor.stop_pods(record.run_id)
+            self._finish(record, RunState.CANCELLED, record.message or "cancelled")
+            return None
+        if record.state == RunState.SUBMITTING:
+            delay = self._prepare(record)
+            if record.state == RunState.SUBMITTING or record.state.final:
+                self._save_if_changed(record, before)
+                return delay
+        run = self.runs.layout.run(record.run_id)
+        pods_by_task: dict[str, list[PodStatus]] = {}
+        for pod in self.executor.pods(record.run_id):
+            pods_by_task.setdefault(pod.spec.task_id, []).append(pod)
+        delay = None
+        failure: str | None = None
+        for task in record.tasks.values():
+            if task.state.final:
+                continue
+            if task.state == TaskState.PENDING:
+                upstream = {record.tasks[ref.split(".")[0]].state for ref in task.inputs.values()}
+                if upstream - {TaskState.SUCCEEDED}:
+                    continue
+                task.state = TaskState.QUEUED
+            pods = pods_by_task.get(task.task_id, [])
+            if not pods:
+                if self.executor.ordering == TaskOrdering.DRIVER:
+                    self.executor.start_pods(task_pods(record, task, self._environment_id(record), self.grace_s))
+                continue
+            self._record_pods(record, task, pods)
+            wait = self._follow_task(record, task, pods, run)
+            if wait is not None:
+                delay = wait if delay is None else min(delay, wait)
+            if task.state == TaskState.FAILED:
+                failure = f"task {task.task_id} failed: {task.message}"
+                break
+        if record.state == RunState.QUEUED and any(t.state == TaskState.RUNNING for t in record.tasks.values()):
+            record.state = RunState.RUNNING
+        if failure is not None:
+            self.executor.stop_pods(record.run_id)
+            self._finish(record, RunState.FAILED, failure)
+            return None
+        if all(t.state == TaskState.SUCCEEDED for t in record.tasks.values()):
+            self._finish(record, RunState.SUCCEEDED, "")
+            return None
+        self._save_if_changed(record, before)
+        return delay
+
+    def _prepare(self, record: RunRecord) -> float | None:
+        """A submitting run: wait for its environment, plan it if it was not planned, queue it."""
+        environment = self.environments.get(self._environment_id(record))
+        if environment.state == EnvironmentState.BUILDING:
+            record.message = f"building environment {environment.environment_id}" + (
+                f": {environment.message}" if environment.message else ""
+            )
+            return BUILD_POLL_S
+        if environment.state == EnvironmentState.FAILED:
+            self._finish(
+                record,
+                RunState.FAILED,
+                f"environment {environment.environment_id} failed: {environment.message or 'no reason given'}",
+            )
+            return None
+        if any(task.plan is None for task in record.tasks.values()):
+            self.planner(record)
+        record.state = RunState.QUEUED
+        record.message = ""
+        if self.executor.ordering == TaskOrdering.ADAPTER:
+            self.executor.start_run(run_spec(record, environment.environment_id, self.grace_s, environment.image))
+        return None
+
+    @staticmethod
+    def _environment_id(record: RunRecord) -> str:
+        assert record.environment, f"run {record.run_id} has no environment"
+        return record.environment
+
+    def _record_pods(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:
+        """Keeps in the record what a restarted tracker must re-apply: attempts and memory kills per worker."""
+        for pod in pods:
+            if pod.attempts and task.attempts.get(pod.spec.worker, 0) != pod.attempts:
+                task.attempts[pod.spec.worker] = pod.attempts
+            known = [k for k in record.oom_kills if k.task_id == task.task_id and k.worker == pod.spec.worker]
+            for kill in pod.memory_kills[len(known) :]:
+                record.oom_kills.append(
+                    OomKill(
+                        task_id=task.task_id,
+                        worker=pod.spec.worker,
+                        memory_gb=kill.memory_gb,
+                        per_worker_gb=kill.per_worker_gb,
+                    )
+                )
+
+    def _follow_task(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus], run: RunLayout) -> float | None:
+        """Updates a task from its pods: running, done (split: merged), or failed (by its coordinator)."""
+        coordinator = next((p for p in pods if p.spec.worker == COORDINATOR), None)
+        if coordinator is None:
+            return None
+        if any(p.phase == PodPhase.RUNNING for p in pods) and task.state == TaskState.QUEUED:
+            task.state = TaskState.RUNNING
+            task.started_at = datetime.now(UTC)
+        if coordinator.phase == PodPhase.SUCCEEDED:
+            if not task.split:
+                self._end_task(record, task, TaskState.SUCCEEDED, "")
+            elif run.task(task.task_id).merge_marker.exists():
+                self.executor.stop_pods(record.run_id, task.task_id)
+                self._end_task(record, task, TaskState.SUCCEEDED, "")
+            elif not coordinator_merges(task):
+                self._follow_merge_pod(record, task, pods)
+            else:
+                seen = self._merge_seen.setdefault((record.run_id, task.task_id), time.monotonic())
+                if time.monotonic() - seen > self.merge_wait_s:
+                    self._end_task(
+                        record,
+                        task,
+                        TaskState.FAILED,
+                        f"the coordinator succeeded but no merge marker appeared within {self.merge_wait_s:.0f} s",
+                    )
+                else:
+                    return MERGE_POLL_S
+        elif coordinator.phase == PodPhase.FAILED:
+            self._end_task(record, task, TaskState.FAILED, self._failure_message(run, task, coordinator))
+        return None
+
+    @staticmethod
+    def _failure_message(run: RunLayout, task: TaskRecord, pod: PodStatus) -> str:
+        """The runtime's own account of a failure (the unit, the exception, the worker), else the executor's."""
+        failure = run.task(task.task_id).failure
+        if failure.is_file():
+            try:
+                message = str(read_json(failure).get("message", "")).strip()
+            except (OSError, ValueError):
+                message = ""
+            if message:
+                return message
+        return pod.message or f"exit code {pod.exit_code}"
+
+    def _follow_merge_pod(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:
+        """A plan recorded before the coordinator merged: the merge pod runs once the coordinator succeeded."""
+        merge = next((p for p in pods if p.spec.worker == MERGE_WORKER), None)
+        if merge is None:
+            if self.executor.ordering == TaskOrdering.DRIVER:
+                self.executor.start_pods([merge_pod(record, task, self._environment_id(record), self.grace_s)])
+        elif merge.phase == PodPhase.FAILED:
+            self._end_task(record, task, TaskState.FAILED, f"the merge failed: {merge.message}")
+        elif merge.phase == PodPhase.SUCCEEDED:
+            self._end_task(record, task, TaskState.FAILED, "the merge pod succeeded but wrote no merge marker")
+
+    def _end_task(self, record: RunRecord, task: TaskRecord, state: TaskState, message: str) -> None:
+        task.state = state
+        task.message = message
+        task.ended_at = datetime.now(UTC)
+        self._merge_seen.pop((record.run_id, task.task_id), None)
+        try:
+            self.learner.record_reports(record, task.task_id, state == TaskState.SUCCEEDED)
+        except Exception:
+            # Observations are worth keeping, not worth failing a run over: the learner may be down.
+            log.exception("recording observations of %s/%s failed", record.run_id, task.task_id)
+
+    def _finish(self, record: RunRecord, state: RunState, message: str) -> None:
+        for task in record.tasks.values():
+            if not task.state.final:
+                task.state = TaskState.CANCELLED
+                task.ended_at = datetime.now(UTC)
+        record.state = state
+        record.message = message
+        record.ended_at = datetime.now(UTC)
+        if record.reservation:
+            self.executor.release(record.run_id)
+        for key in [k for k in self._merge_seen if k[0] == record.run_id]:
+            del self._merge_seen[key]
+        self.runs.save(record)
+
+    def _save_if_changed(self, record: RunRecord, before: dict[str, object]) -> None:
+        if record.model_dump(mode="json", exclude={"updated_at"}) != before:
+            self.runs.save(record)

@@ -1,0 +1,148 @@
+"""The run store as the tracker keeps it: records under `runs/<id>/`, the index beside them, versions to wait on.
+
+The records are the source of truth. For every active run the store keeps the copy last saved and a version that
+every save bumps; readers take that copy under a short lock (never while the driver works on a run), and watchers
+wait on the version instead of polling. A run's driver step and its cancellation are serialised by a lock of that
+run only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from simrun_core.errors import NotFound
+from simrun_runtime.layout import RunLayout, StoreLayout
+from simrun_runtime.record import RunRecord
+
+from simrun_tracker.index import RunIndex, row_from_record, task_summaries
+
+
+class RunStore:
+    """Records of runs, their index, and the last saved copy and version of each active run."""
+
+    def __init__(self, layout: StoreLayout, index_path: Path | None = None) -> None:
+        self.layout = layout
+        layout.runs.mkdir(parents=True, exist_ok=True)
+        self.index = RunIndex(index_path or layout.index)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._active: dict[str, RunRecord] = {}
+        self._versions: dict[str, int] = {}
+        self._run_locks: dict[str, threading.Lock] = {}
+        self._listeners: list[Callable[[str], None]] = []
+
+    def load(self) -> list[RunRecord]:
+        """Rebuilds the index from every record and returns the active runs (the ones not final)."""
+        active = [r for r in self.index.rebuild(self.layout) if not r.state.final]
+        with self._lock:
+            for record in active:
+                self._active[record.run_id] = record
+                self._versions.setdefault(record.run_id, 1)
+        return [r.model_copy(deep=True) for r in active]
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        """Calls `listener(run_id)` after every save (the driver wakes on new submissions and cancellations)."""
+        self._listeners.append(listener)
+
+    # --- writing ---------------------------------------------------------------------------------------------
+
+    def create(self, record: RunRecord, write_tasks: Callable[[RunLayout], None]) -> RunRecord:
+        """Writes a new run aside (`write_tasks` lays out its tasks), renames it into place and makes it active.
+
+        A run appears whole or not at all: a failure removes the staging folder and leaves nothing behind.
+        """
+        final = self.layout.run(record.run_id)
+        staging = self.layout.run_staging(record.run_id)
+        try:
+            write_tasks(staging)
+            record.save(staging)
+            os.rename(staging.root, final.root)
+        except BaseException:
+            shutil.rmtree(staging.root, ignore_errors=True)
+            raise
+        self.index.put(row_from_record(record, {}))
+        self._publish(record)
+        return record.model_copy(deep=True)
+
+    def save(self, record: RunRecord) -> None:
+        """Writes a run's record and its index row, then publishes it to readers and watchers."""
+        record.save(self.layout.run(record.run_id))
+        summaries = task_summaries(self.layout, record) if record.state.final else {}
+        self.index.put(row_from_record(record, summaries))
+        self._publish(record)
+
+    def _publish(self, record: RunRecord) -> None:
+        copy = record.model_copy(deep=True)
+        with self._changed:
+            if copy.state.final:
+                self._active.pop(copy.run_id, None)
+            else:
+                self._active[copy.run_id] = copy
+            self._versions[copy.run_id] = self._versions.get(copy.run_id, 0) + 1
+            self._changed.notify_all()
+        for listener in self._listeners:
+            listener(copy.run_id)
+
+    # --- reading ---------------------------------------------------------------------------------------------
+
+    def active_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._active)
+
+    def get(self, run_id: str) -> RunRecord:
+        """A copy of a run's record: the active copy, else the record on disk.
+
+        Raises:
+            NotFound: no such run (or an id that is not one).
+        """
+        with self._lock:
+            record = self._active.get(run_id)
+            if record is not None:
+                return record.model_copy(deep=True)
+        layout = self.layout.run(run_id)
+        if not valid_run_id(run_id) or not layout.record.is_file():
+            raise NotFound(f"no run {run_id!r}: `simrun list` shows the runs")
+        return RunRecord.load(layout)
+
+    def version(self, run_id: str) -> int:
+        with self._lock:
+            return self._versions.get(run_id, 0)
+
+    def wait(self, run_id: str, version: int, timeout_s: float) -> int:
+        """Waits until the run's version passes `version` or `timeout_s` passes; returns the version then."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while self._versions.get(run_id, 0) <= version:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._changed.wait(remaining)
+            return self._versions.get(run_id, 0)
+
+    def bump(self, run_id: str) -> None:
+        """Wakes the watchers of a run without a save (its progress moved)."""
+        with self._changed:
+            self._versions[run_id] = self._versions.get(run_id, 0) + 1
+            self._changed.notify_all()
+
+    def run_lock(self, run_id: str) -> threading.Lock:
+        """The lock that serialises a run's driver step and its cancellation (one per run, never shared)."""
+        with self._lock:
+            return self._run_locks.setdefault(run_id, threading.Lock())
+
+    def forget_lock(self, run_id: str) -> None:
+        with self._lock:
+            self._run_locks.pop(run_id, None)
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def valid_run_id(run_id: str) -> bool:
+    """Whether a string can name a run's folder: no path separators, not hidden."""
+    return bool(run_id) and "/" not in run_id and "\x00" not in run_id and not run_id.startswith(".")
