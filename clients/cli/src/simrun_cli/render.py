@@ -145,7 +145,11 @@ def tasks_table(run: common_pb2.Run) -> Table:
 
 def task_messages(run: common_pb2.Run) -> Iterator[Text]:
     for task in run.tasks:
-        if task.message:
+        if task.HasField("reused_from"):
+            source = task.reused_from
+            what = f"{source.units} units" if source.HasField("units") else "outputs"
+            yield Text(f"{task.task_id}: {what} reused from run {source.run_id} task {source.task_id}", style="green")
+        elif task.message:
             yield Text(f"{task.task_id}: {task.message}", style="red")
 
 
@@ -215,6 +219,7 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
         ("priority", "left"),
         ("memory from", "left"),
         ("seconds", "right"),  # `-` until the seconds of its units are learned
+        ("reused from", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=name == "task")  # type: ignore[arg-type]
     for task in estimate.tasks:
@@ -228,8 +233,14 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
             task.plan.base_priority.removeprefix("simrun-"),
             common_pb2.ResolutionRule.Name(task.resources.rule).removeprefix("RESOLUTION_RULE_").lower(),
             f"{task.seconds:.1f}" if task.HasField("seconds") else "-",
+            _reused(task.reused_from) if task.HasField("reused_from") else "",
         )
     return table
+
+
+def _reused(source: common_pb2.ReusedFrom) -> str:
+    units = f"{source.units} units of " if source.HasField("units") else ""
+    return f"{units}{source.run_id} {source.task_id}"
 
 
 def nodes_table(nodes: Iterable[common_pb2.Node]) -> Table:

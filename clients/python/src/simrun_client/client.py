@@ -43,6 +43,17 @@ def run_state(name: str | int) -> int:
         raise InvalidArgument(f"unknown run state {name!r}; one of {names}") from None
 
 
+def reuse_policy(name: str | None) -> int:
+    """A `ReusePolicy` value from `never`, `same-run` or `any` (None or empty: the default, any)."""
+    if not name:
+        return common_pb2.REUSE_POLICY_UNSPECIFIED
+    full = "REUSE_POLICY_" + name.strip().upper().replace("-", "_")
+    try:
+        return common_pb2.ReusePolicy.Value(full)
+    except ValueError:
+        raise InvalidArgument(f"unknown reuse {name!r}: use never, same-run or any") from None
+
+
 def git_toplevel(path: Path) -> Path:
     """The root of the git working tree that contains `path`.
 
@@ -146,6 +157,9 @@ class Client:
         single_server: bool = False,
         reserve: str | None = None,
         store: str | Path | None = None,
+        reuse: str | None = None,
+        resume_from: str | None = None,
+        rerun: list[str] | tuple[str, ...] = (),
     ) -> common_pb2.Run:
         """Submits a workflow file, run on a snapshot of its model, and returns the run as recorded (SUBMITTING).
 
@@ -157,6 +171,10 @@ class Client:
             reserve: a node to reserve for the run; None for the workflow's or none.
             store: the run store when it is mounted on this machine: the snapshot is written there directly
                 instead of being uploaded.
+            reuse: where earlier results may be reused from: `never`, `same-run` (only `resume_from`) or `any`
+                (the default: any run this identity may read).
+            resume_from: a run whose results are reused first.
+            rerun: tasks to compute again even where an earlier result has their key.
         """
         # One span over the snapshot and the submission, so both calls sit in one trace under the client's.
         with self.telemetry.span("simrun_client.submit", attributes={"simrun.workflow": str(workflow_path)}) as span:
@@ -167,6 +185,9 @@ class Client:
                 group=group or "",
                 mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
                 reserve=reserve or "",
+                reuse=reuse_policy(reuse),
+                resume_from_run_id=resume_from or "",
+                rerun=list(rerun),
             )
             run = self._call(self._tracker.SubmitRun, request).run
             span.set_attribute("simrun.run_id", run.run_id)
@@ -179,16 +200,60 @@ class Client:
         model: str | Path | None = None,
         single_server: bool = False,
         store: str | Path | None = None,
+        reuse: str | None = None,
+        resume_from: str | None = None,
+        rerun: list[str] | tuple[str, ...] = (),
     ) -> tracker_pb2.EstimateRunResponse:
-        """Plans a workflow file without running it: each task's plan, resources and, once learned, seconds."""
+        """Plans a workflow file without running it: each task's plan, resources, once learned seconds, and the
+        earlier task it would reuse (`reuse`, `resume_from` and `rerun` as in `submit`)."""
         with self.telemetry.span("simrun_client.estimate", attributes={"simrun.workflow": str(workflow_path)}):
             text, snapshots = self._prepare(workflow_path, model, store)
             request = tracker_pb2.EstimateRunRequest(
                 workflow=text,
                 snapshots=snapshots,
                 mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
+                reuse=reuse_policy(reuse),
+                resume_from_run_id=resume_from or "",
+                rerun=list(rerun),
             )
             return self._call(self._tracker.EstimateRun, request)
+
+    def resume(
+        self,
+        run_id: str,
+        *,
+        model: str | Path,
+        store: str | Path | None = None,
+        rerun: list[str] | tuple[str, ...] = (),
+    ) -> common_pb2.Run:
+        """Snapshots the model's working tree again and submits the workflow `run_id` recorded, reusing what that
+        run computed (and what others this identity may read): after a failure or a cancellation only the
+        missing tasks and units are computed; an edited file gives new keys, so nothing it touches is reused.
+
+        Args:
+            run_id: the run to resume.
+            model: the model's working tree (the snapshot is made afresh from it).
+            store: the run store when it is mounted here.
+            rerun: tasks to compute again.
+        """
+        with self.telemetry.span("simrun_client.resume", attributes={"simrun.resume_from": run_id}) as span:
+            earlier = self.get_run(run_id)
+            root = Path(model)
+            if not root.is_dir():
+                raise InvalidArgument(f"cannot resume from {root}: not a folder")
+            snapshot = snapshot_to_proto(self.snapshot(git_toplevel(root.resolve()), store=store).snapshot)
+            extra = list(earlier.snapshots[1:])  # data snapshots are reused as recorded
+            request = tracker_pb2.SubmitRunRequest(
+                workflow=earlier.workflow,
+                snapshots=[snapshot, *extra],
+                group=earlier.group,
+                reserve=earlier.reservation,
+                resume_from_run_id=run_id,
+                rerun=list(rerun),
+            )
+            run = self._call(self._tracker.SubmitRun, request).run
+            span.set_attribute("simrun.run_id", run.run_id)
+            return run
 
     def get_run(self, run_id: str) -> common_pb2.Run:
         """The run `run_id` now."""

@@ -117,7 +117,7 @@ def start_embedded(
     if "snapshot" not in remote:
         registrations.append(register_snapshots(store.root))
     if "tracker" not in remote:
-        tracker = build_tracker(config, store, learner)
+        tracker = build_tracker(config, store, learner, telemetry)
         closers.append(tracker.close)
         registrations.append(
             lambda s: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(RunTrackerServicer(tracker), s)

@@ -36,9 +36,13 @@ class RunStore:
         self._run_locks: dict[str, threading.Lock] = {}
         self._listeners: list[Callable[[str], None]] = []
 
-    def load(self) -> list[RunRecord]:
-        """Rebuilds the index from every record and returns the active runs (the ones not final)."""
-        active = [r for r in self.index.rebuild(self.layout) if not r.state.final]
+    def load(self, every: Callable[[list[RunRecord]], None] | None = None) -> list[RunRecord]:
+        """Rebuilds the index from every record and returns the active runs (the ones not final); `every` is
+        given all the records read (the task key index is rebuilt from them too)."""
+        records = self.index.rebuild(self.layout)
+        if every is not None:
+            every(records)
+        active = [r for r in records if not r.state.final]
         with self._lock:
             for record in active:
                 self._active[record.run_id] = record

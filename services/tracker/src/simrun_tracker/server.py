@@ -7,6 +7,7 @@ from simrun_core.config import ServerConfig
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
+from simrun_core.telemetry import Telemetry, process_telemetry
 from simrun_learner.learner import ResourceLearner
 from simrun_runtime.layout import StoreLayout
 
@@ -20,6 +21,8 @@ from simrun_tracker.servicer import RunTrackerServicer
 from simrun_tracker.tracker import RunTracker
 
 SERVICE_NAME = tracker_pb2.DESCRIPTOR.services_by_name["RunTrackerService"].full_name
+TELEMETRY_NAME = "simrun-tracker"
+"""The tracker's OpenTelemetry service name when it runs alone, unless `OTEL_SERVICE_NAME` names it."""
 
 
 def local_launcher(interpreters: LocalInterpreters) -> Launcher:
@@ -38,13 +41,20 @@ def build_executor(config: ServerConfig, store: StoreLayout, interpreters: Local
     raise InvalidArgument(f"executor kind {config.executor.kind!r} is not available in this build of simrun")
 
 
-def build_tracker(config: ServerConfig, store: StoreLayout, learner: ResourceLearner | None) -> RunTracker:
-    """A run tracker over the configured executor, with the learner in process or at `config.services.learner`."""
+def build_tracker(
+    config: ServerConfig,
+    store: StoreLayout,
+    learner: ResourceLearner | None,
+    telemetry: Telemetry | None = None,
+) -> RunTracker:
+    """A run tracker over the configured executor, with the learner in process or at `config.services.learner`;
+    its spans (the driver's steps, pod attempts, calls to the learner) go to `telemetry`."""
+    telemetry = telemetry or process_telemetry(TELEMETRY_NAME)
     port: LearnerPort
     if learner is not None:
         port = InProcessLearner(learner, store)
     else:
-        port = GrpcLearner(config.services.learner, store, config.service_token)
+        port = GrpcLearner(config.services.learner, store, config.service_token, telemetry=telemetry)
     environments = ServerEnvironments()
     return RunTracker(
         store,
@@ -57,15 +67,20 @@ def build_tracker(config: ServerConfig, store: StoreLayout, learner: ResourceLea
         merge_wait_s=config.merge_wait_s,
         driver=config.driver,
         index_path=config.index,
+        telemetry=telemetry,
     )
 
 
-def create_server(tracker: RunTracker, address: str, tokens: TokenRegistry | None) -> BoundServer:
-    """A tracker server bound to `address` (not started), with the production interceptors and health."""
+def create_server(
+    tracker: RunTracker, address: str, tokens: TokenRegistry | None, *, telemetry: Telemetry | None = None
+) -> BoundServer:
+    """A tracker server bound to `address` (not started), with the production interceptors and health; its
+    spans go to `telemetry` (the tracker's by default)."""
     servicer = RunTrackerServicer(tracker)
     return build_server(
         address,
         [lambda server: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(servicer, server)],
         [SERVICE_NAME],
         tokens=tokens,
+        telemetry=telemetry or tracker.telemetry,
     )

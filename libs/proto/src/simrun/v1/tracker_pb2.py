@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from simrun.v1 import common_pb2 as simrun_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17simrun/v1/tracker.proto\x12\tsimrun.v1\x1a\x16simrun/v1/common.proto\"\xa4\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\r\n\x05group\x18\x03 \x01(\t\x12\"\n\x04mode\x18\x04 \x01(\x0e\x32\x14.simrun.v1.SplitMode\x12\x0f\n\x07reserve\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\"0\n\x11SubmitRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"z\n\x0fListRunsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.simrun.v1.RunState\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.simrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"v\n\x0cTaskProgress\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\x05units\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nunits_done\x18\x03 \x01(\x05\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.simrun.v1.TaskStateB\x08\n\x06_units\"Z\n\x10WatchRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\x12)\n\x08progress\x18\x02 \x03(\x0b\x32\x17.simrun.v1.TaskProgress\"T\n\x11StreamLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\"0\n\x12StreamLogsResponse\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\t\"4\n\x12\x43ompareRunsRequest\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12\r\n\x05group\x18\x02 \x01(\t\"=\n\rComparisonRow\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"N\n\x13\x43ompareRunsResponse\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12&\n\x04rows\x18\x02 \x03(\x0b\x32\x18.simrun.v1.ComparisonRow\"r\n\x12\x45stimateRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\"\n\x04mode\x18\x03 \x01(\x0e\x32\x14.simrun.v1.SplitMode\"\x95\x01\n\x0cTaskEstimate\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04plan\x18\x02 \x01(\x0b\x32\x13.simrun.v1.TaskPlan\x12/\n\tresources\x18\x03 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\x12\x14\n\x07seconds\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\n\n\x08_seconds\"=\n\x13\x45stimateRunResponse\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.simrun.v1.TaskEstimate\"9\n\x10ListNodesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"L\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.simrun.v1.Node\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x9f\x05\n\x11RunTrackerService\x12\x46\n\tSubmitRun\x12\x1b.simrun.v1.SubmitRunRequest\x1a\x1c.simrun.v1.SubmitRunResponse\x12=\n\x06GetRun\x12\x18.simrun.v1.GetRunRequest\x1a\x19.simrun.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.simrun.v1.ListRunsRequest\x1a\x1b.simrun.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.simrun.v1.CancelRunRequest\x1a\x1c.simrun.v1.CancelRunResponse\x12\x45\n\x08WatchRun\x12\x1a.simrun.v1.WatchRunRequest\x1a\x1b.simrun.v1.WatchRunResponse0\x01\x12K\n\nStreamLogs\x12\x1c.simrun.v1.StreamLogsRequest\x1a\x1d.simrun.v1.StreamLogsResponse0\x01\x12L\n\x0b\x43ompareRuns\x12\x1d.simrun.v1.CompareRunsRequest\x1a\x1e.simrun.v1.CompareRunsResponse\x12L\n\x0b\x45stimateRun\x12\x1d.simrun.v1.EstimateRunRequest\x1a\x1e.simrun.v1.EstimateRunResponse\x12\x46\n\tListNodes\x12\x1b.simrun.v1.ListNodesRequest\x1a\x1c.simrun.v1.ListNodesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17simrun/v1/tracker.proto\x12\tsimrun.v1\x1a\x16simrun/v1/common.proto\"\xf6\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\r\n\x05group\x18\x03 \x01(\t\x12\"\n\x04mode\x18\x04 \x01(\x0e\x32\x14.simrun.v1.SplitMode\x12\x0f\n\x07reserve\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12%\n\x05reuse\x18\x14 \x01(\x0e\x32\x16.simrun.v1.ReusePolicy\x12\x1a\n\x12resume_from_run_id\x18\x15 \x01(\t\x12\r\n\x05rerun\x18\x16 \x03(\t\"0\n\x11SubmitRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"z\n\x0fListRunsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.simrun.v1.RunState\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.simrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"v\n\x0cTaskProgress\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\x05units\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nunits_done\x18\x03 \x01(\x05\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.simrun.v1.TaskStateB\x08\n\x06_units\"Z\n\x10WatchRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\x12)\n\x08progress\x18\x02 \x03(\x0b\x32\x17.simrun.v1.TaskProgress\"T\n\x11StreamLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\"0\n\x12StreamLogsResponse\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\t\"4\n\x12\x43ompareRunsRequest\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12\r\n\x05group\x18\x02 \x01(\t\"=\n\rComparisonRow\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"N\n\x13\x43ompareRunsResponse\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12&\n\x04rows\x18\x02 \x03(\x0b\x32\x18.simrun.v1.ComparisonRow\"\xc4\x01\n\x12\x45stimateRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\"\n\x04mode\x18\x03 \x01(\x0e\x32\x14.simrun.v1.SplitMode\x12%\n\x05reuse\x18\x14 \x01(\x0e\x32\x16.simrun.v1.ReusePolicy\x12\x1a\n\x12resume_from_run_id\x18\x15 \x01(\t\x12\r\n\x05rerun\x18\x16 \x03(\t\"\xc1\x01\n\x0cTaskEstimate\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04plan\x18\x02 \x01(\x0b\x32\x13.simrun.v1.TaskPlan\x12/\n\tresources\x18\x03 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\x12\x14\n\x07seconds\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12*\n\x0breused_from\x18\x14 \x01(\x0b\x32\x15.simrun.v1.ReusedFromB\n\n\x08_seconds\"=\n\x13\x45stimateRunResponse\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.simrun.v1.TaskEstimate\"9\n\x10ListNodesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"L\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.simrun.v1.Node\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x9f\x05\n\x11RunTrackerService\x12\x46\n\tSubmitRun\x12\x1b.simrun.v1.SubmitRunRequest\x1a\x1c.simrun.v1.SubmitRunResponse\x12=\n\x06GetRun\x12\x18.simrun.v1.GetRunRequest\x1a\x19.simrun.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.simrun.v1.ListRunsRequest\x1a\x1b.simrun.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.simrun.v1.CancelRunRequest\x1a\x1c.simrun.v1.CancelRunResponse\x12\x45\n\x08WatchRun\x12\x1a.simrun.v1.WatchRunRequest\x1a\x1b.simrun.v1.WatchRunResponse0\x01\x12K\n\nStreamLogs\x12\x1c.simrun.v1.StreamLogsRequest\x1a\x1d.simrun.v1.StreamLogsResponse0\x01\x12L\n\x0b\x43ompareRuns\x12\x1d.simrun.v1.CompareRunsRequest\x1a\x1e.simrun.v1.CompareRunsResponse\x12L\n\x0b\x45stimateRun\x12\x1d.simrun.v1.EstimateRunRequest\x1a\x1e.simrun.v1.EstimateRunResponse\x12\x46\n\tListNodes\x12\x1b.simrun.v1.ListNodesRequest\x1a\x1c.simrun.v1.ListNodesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,47 +33,47 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'simrun.v1.tracker_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBMITRUNREQUEST']._serialized_start=63
-  _globals['_SUBMITRUNREQUEST']._serialized_end=227
-  _globals['_SUBMITRUNRESPONSE']._serialized_start=229
-  _globals['_SUBMITRUNRESPONSE']._serialized_end=277
-  _globals['_GETRUNREQUEST']._serialized_start=279
-  _globals['_GETRUNREQUEST']._serialized_end=310
-  _globals['_GETRUNRESPONSE']._serialized_start=312
-  _globals['_GETRUNRESPONSE']._serialized_end=357
-  _globals['_LISTRUNSREQUEST']._serialized_start=359
-  _globals['_LISTRUNSREQUEST']._serialized_end=481
-  _globals['_LISTRUNSRESPONSE']._serialized_start=483
-  _globals['_LISTRUNSRESPONSE']._serialized_end=556
-  _globals['_CANCELRUNREQUEST']._serialized_start=558
-  _globals['_CANCELRUNREQUEST']._serialized_end=592
-  _globals['_CANCELRUNRESPONSE']._serialized_start=594
-  _globals['_CANCELRUNRESPONSE']._serialized_end=642
-  _globals['_WATCHRUNREQUEST']._serialized_start=644
-  _globals['_WATCHRUNREQUEST']._serialized_end=677
-  _globals['_TASKPROGRESS']._serialized_start=679
-  _globals['_TASKPROGRESS']._serialized_end=797
-  _globals['_WATCHRUNRESPONSE']._serialized_start=799
-  _globals['_WATCHRUNRESPONSE']._serialized_end=889
-  _globals['_STREAMLOGSREQUEST']._serialized_start=891
-  _globals['_STREAMLOGSREQUEST']._serialized_end=975
-  _globals['_STREAMLOGSRESPONSE']._serialized_start=977
-  _globals['_STREAMLOGSRESPONSE']._serialized_end=1025
-  _globals['_COMPARERUNSREQUEST']._serialized_start=1027
-  _globals['_COMPARERUNSREQUEST']._serialized_end=1079
-  _globals['_COMPARISONROW']._serialized_start=1081
-  _globals['_COMPARISONROW']._serialized_end=1142
-  _globals['_COMPARERUNSRESPONSE']._serialized_start=1144
-  _globals['_COMPARERUNSRESPONSE']._serialized_end=1222
-  _globals['_ESTIMATERUNREQUEST']._serialized_start=1224
-  _globals['_ESTIMATERUNREQUEST']._serialized_end=1338
-  _globals['_TASKESTIMATE']._serialized_start=1341
-  _globals['_TASKESTIMATE']._serialized_end=1490
-  _globals['_ESTIMATERUNRESPONSE']._serialized_start=1492
-  _globals['_ESTIMATERUNRESPONSE']._serialized_end=1553
-  _globals['_LISTNODESREQUEST']._serialized_start=1555
-  _globals['_LISTNODESREQUEST']._serialized_end=1612
-  _globals['_LISTNODESRESPONSE']._serialized_start=1614
-  _globals['_LISTNODESRESPONSE']._serialized_end=1690
-  _globals['_RUNTRACKERSERVICE']._serialized_start=1693
-  _globals['_RUNTRACKERSERVICE']._serialized_end=2364
+  _globals['_SUBMITRUNREQUEST']._serialized_end=309
+  _globals['_SUBMITRUNRESPONSE']._serialized_start=311
+  _globals['_SUBMITRUNRESPONSE']._serialized_end=359
+  _globals['_GETRUNREQUEST']._serialized_start=361
+  _globals['_GETRUNREQUEST']._serialized_end=392
+  _globals['_GETRUNRESPONSE']._serialized_start=394
+  _globals['_GETRUNRESPONSE']._serialized_end=439
+  _globals['_LISTRUNSREQUEST']._serialized_start=441
+  _globals['_LISTRUNSREQUEST']._serialized_end=563
+  _globals['_LISTRUNSRESPONSE']._serialized_start=565
+  _globals['_LISTRUNSRESPONSE']._serialized_end=638
+  _globals['_CANCELRUNREQUEST']._serialized_start=640
+  _globals['_CANCELRUNREQUEST']._serialized_end=674
+  _globals['_CANCELRUNRESPONSE']._serialized_start=676
+  _globals['_CANCELRUNRESPONSE']._serialized_end=724
+  _globals['_WATCHRUNREQUEST']._serialized_start=726
+  _globals['_WATCHRUNREQUEST']._serialized_end=759
+  _globals['_TASKPROGRESS']._serialized_start=761
+  _globals['_TASKPROGRESS']._serialized_end=879
+  _globals['_WATCHRUNRESPONSE']._serialized_start=881
+  _globals['_WATCHRUNRESPONSE']._serialized_end=971
+  _globals['_STREAMLOGSREQUEST']._serialized_start=973
+  _globals['_STREAMLOGSREQUEST']._serialized_end=1057
+  _globals['_STREAMLOGSRESPONSE']._serialized_start=1059
+  _globals['_STREAMLOGSRESPONSE']._serialized_end=1107
+  _globals['_COMPARERUNSREQUEST']._serialized_start=1109
+  _globals['_COMPARERUNSREQUEST']._serialized_end=1161
+  _globals['_COMPARISONROW']._serialized_start=1163
+  _globals['_COMPARISONROW']._serialized_end=1224
+  _globals['_COMPARERUNSRESPONSE']._serialized_start=1226
+  _globals['_COMPARERUNSRESPONSE']._serialized_end=1304
+  _globals['_ESTIMATERUNREQUEST']._serialized_start=1307
+  _globals['_ESTIMATERUNREQUEST']._serialized_end=1503
+  _globals['_TASKESTIMATE']._serialized_start=1506
+  _globals['_TASKESTIMATE']._serialized_end=1699
+  _globals['_ESTIMATERUNRESPONSE']._serialized_start=1701
+  _globals['_ESTIMATERUNRESPONSE']._serialized_end=1762
+  _globals['_LISTNODESREQUEST']._serialized_start=1764
+  _globals['_LISTNODESREQUEST']._serialized_end=1821
+  _globals['_LISTNODESRESPONSE']._serialized_start=1823
+  _globals['_LISTNODESRESPONSE']._serialized_end=1899
+  _globals['_RUNTRACKERSERVICE']._serialized_start=1902
+  _globals['_RUNTRACKERSERVICE']._serialized_end=2573
 # @@protoc_insertion_point(module_scope)
