@@ -3,6 +3,7 @@ above the tracker running apart. Every server gets its own injected SDK provider
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -215,3 +216,67 @@ def test_the_cli_exports_its_own_spans_above_the_servers(tokens_file, collector,
     )
     assert served.context.trace_id == int.from_bytes(command.trace_id, "big")
     assert served.parent.span_id == int.from_bytes(call.span_id, "big")
+
+
+def test_a_run_continues_its_submissions_trace_down_to_each_pod(tmp_path, tokens_file, exporter, e2e_model):
+    """The driver's steps and each pod attempt (a span from its worker report) are in the submission's trace;
+    the local pods get TRACEPARENT (their reports carry it back); `simrun status --json` gives the trace id."""
+    from click.testing import CliRunner
+    from e2e_support import wait_final, write_workflow
+    from simrun_cli.main import cli
+    from simrun_runtime.layout import StoreLayout
+    from simrun_runtime.record import RunRecord
+    from simrun_runtime.reports import load_reports
+
+    config = ServerConfig(
+        home=tmp_path / "home",
+        store=tmp_path / "store",
+        address="127.0.0.1:0",
+        tokens_file=tokens_file,
+        nodes=[NodeConfig(name="node-a", cores=2, memory_gb=8)],
+        grace_s=5,
+    )
+    server = start_embedded(config, telemetry=sdk(exporter, "simrun-gateway"))
+    try:
+        workflow = write_workflow(
+            e2e_model,
+            "tasks:\n  values:\n    type: e2etasks.tasks:Slow\n    settings: {units: 4, seconds: 0.05}\n"
+            "  total:\n    type: e2etasks.tasks:Sum\n    inputs: {values: values.values}\n",
+        )
+        with Client(server.address, TOKENS["person"], telemetry=sdk(exporter, "simrun-client")) as client:
+            run = client.submit(workflow)
+            final = wait_final(client, run.run_id)
+        assert final.state == 4, final.message
+        status = CliRunner().invoke(
+            cli, ["status", run.run_id, "--json", "--endpoint", server.address, "--token", TOKENS["person"]]
+        )
+        assert status.exit_code == 0, status.output
+    finally:
+        server.stop()
+    spans = list(exporter.get_finished_spans())
+    root = one(spans, "simrun_client.submit", "simrun-client", SpanKind.INTERNAL)
+    trace_id = root.context.trace_id
+    assert json.loads(status.output)["trace_id"] == f"{trace_id:032x}" == final.trace_id
+    submitted = one(spans, SUBMIT, "simrun-gateway", SpanKind.SERVER)
+    in_trace = [s for s in spans if s.context.trace_id == trace_id]
+    by_name = {s.name: s for s in in_trace if service_of(s) == "simrun-gateway" and s.kind == SpanKind.INTERNAL}
+    assert parent_of(by_name["planning"]) == submitted.context.span_id
+    assert parent_of(by_name[f"environment {final.environment}"]) == submitted.context.span_id
+    store = StoreLayout(config.store)
+    record = RunRecord.load(store.run(run.run_id))
+    for task_id, workers in (("values", {"w0"}), ("total", {"w0"})):
+        task_span = by_name[f"task {task_id}"]
+        assert parent_of(task_span) == submitted.context.span_id
+        assert task_span.attributes["simrun.state"] == "succeeded"
+        reports = load_reports(store.run(run.run_id).task(task_id))
+        # The pod's TRACEPARENT (its contract) came back in its report: the task's span.
+        assert {r.traceparent for r in reports} == {record.tasks[task_id].traceparent}
+        pods = [s for s in in_trace if s.name.startswith("pod ") and s.attributes["simrun.task_id"] == task_id]
+        assert {s.attributes["simrun.worker"] for s in pods} == workers
+        for pod in pods:
+            assert parent_of(pod) == task_span.context.span_id
+            assert pod.attributes["simrun.exit_code"] == 0 and pod.attributes["simrun.ended"] == "done"
+            assert pod.start_time >= task_span.start_time - 1_000_000_000
+    values_pod = next(s for s in in_trace if s.name == "pod w0" and s.attributes["simrun.task_id"] == "values")
+    assert values_pod.attributes["simrun.units"] == 4
+    assert values_pod.attributes["simrun.peak_memory_gb"] >= 0

@@ -17,6 +17,7 @@ from simrun_core.reuse import (
     may_reuse,
     reuse_message,
     seed_ledger,
+    snapshot_key,
     task_keys,
 )
 from simrun_runtime.layout import StoreLayout, TaskLayout
@@ -260,3 +261,19 @@ def test_keys_do_not_depend_on_mapping_order():
     a = KeyInputs("t", {"x": 1, "y": {"b": 2, "a": 1}}, {}, False)
     b = KeyInputs("t", {"y": {"a": 1, "b": 2}, "x": 1}, {}, False)
     assert task_keys(["t"], {"t": a}, ["s"], None) == task_keys(["t"], {"t": b}, ["s"], None)
+
+
+def test_the_workflow_file_is_left_out_of_a_snapshots_key():
+    import hashlib
+
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    listing = {"files": {"model.py": sha("code"), "wf.yaml": sha("tasks: a")}, "executable": [], "symlinks": {}}
+    edited = {**listing, "files": {**listing["files"], "wf.yaml": sha("tasks: b")}}
+    assert snapshot_key(listing, "tasks: a") == snapshot_key(edited, "tasks: b")
+    assert snapshot_key(listing, "tasks: a") != snapshot_key(listing, None)
+    code_edited = {**listing, "files": {**listing["files"], "model.py": sha("code 2")}}
+    assert snapshot_key(code_edited, "tasks: a") != snapshot_key(listing, "tasks: a")
+    made_executable = {**listing, "executable": ["model.py"]}
+    assert snapshot_key(made_executable, "tasks: a") != snapshot_key(listing, "tasks: a")

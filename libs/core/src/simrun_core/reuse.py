@@ -76,6 +76,26 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def snapshot_key(listing: Mapping[str, Any], workflow_text: str | None = None) -> str:
+    """The content id of a snapshot for task keys, from its listing (`<snapshot_id>.files.json`), without the
+    workflow file: the workflow's settings and wiring are in every key already, so changing one task's setting
+    in a workflow kept in the model's tree must not change the keys of the others.
+
+    A file whose content is the workflow text is left out; everything else counts: path, content, executable
+    bit, symlink target.
+    """
+    skip = hashlib.sha256(workflow_text.encode()).hexdigest() if workflow_text is not None else None
+    executable = set(listing.get("executable", ()))
+    symlinks = dict(listing.get("symlinks", {}))
+    digest = hashlib.sha256(f"snapshot-key {KEY_VERSION}\n".encode())
+    for path, sha256 in sorted(dict(listing.get("files", {})).items()):
+        if sha256 == skip and path not in symlinks:
+            continue
+        kind = "l" if path in symlinks else ("x" if path in executable else "f")
+        digest.update(f"{path}\0{kind}\0{sha256}\0{symlinks.get(path, '')}\n".encode())
+    return digest.hexdigest()
+
+
 def task_key(
     task: KeyInputs, snapshot_ids: Iterable[str], environment: str | None, upstream_keys: Mapping[str, str]
 ) -> str:

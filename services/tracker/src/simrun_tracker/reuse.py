@@ -6,6 +6,7 @@ known before any pod starts and an adapter that renders a whole run never sees a
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from simrun_core.reuse import (
     may_reuse,
     reuse_message,
     seed_ledger,
+    snapshot_key,
     task_keys,
 )
 from simrun_runtime.layout import RunLayout, StoreLayout
@@ -69,7 +71,22 @@ def check_request(
             )
 
 
-def keys_of(record: RunRecord, planned: list[PlannedTask]) -> dict[str, str | None]:
+def snapshot_keys(store: StoreLayout, record: RunRecord) -> list[str]:
+    """The content of each of the run's snapshots as task keys see it (without the workflow file); a snapshot
+    whose listing cannot be read counts by its id."""
+    workflow_text = str(record.workflow.get("text", "")) or None
+    keys = []
+    for snapshot in record.snapshots:
+        try:
+            listing = json.loads(store.snapshot_files(snapshot.name, snapshot.snapshot_id).read_text())
+        except (OSError, ValueError):
+            keys.append(snapshot.snapshot_id)
+            continue
+        keys.append(snapshot_key(listing, workflow_text))
+    return keys
+
+
+def keys_of(store: StoreLayout, record: RunRecord, planned: list[PlannedTask]) -> dict[str, str | None]:
     """Every task's key (None for a task whose type is not cacheable: a nonce stands in for its key downstream,
     so nothing that reads it is reused either)."""
     inputs: dict[str, KeyInputs] = {}
@@ -82,7 +99,7 @@ def keys_of(record: RunRecord, planned: list[PlannedTask]) -> dict[str, str | No
             split=description.split,
         )
     order = [task.task_id for task in planned]
-    snapshot_ids = [snapshot.snapshot_id for snapshot in record.snapshots]
+    snapshot_ids = snapshot_keys(store, record)
     keys: dict[str, str | None] = {}
     computed = task_keys(order, _with_nonces(inputs, planned), snapshot_ids, record.environment)
     for task in planned:

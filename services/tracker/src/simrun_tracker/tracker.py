@@ -246,7 +246,7 @@ class RunTracker:
         return load_record(self.store, run_id)
 
     def _set_keys(self, record: RunRecord, planned: list[PlannedTask]) -> None:
-        for task_id, key in keys_of(record, planned).items():
+        for task_id, key in keys_of(self.store, record, planned).items():
             record.tasks[task_id].key = key
 
     def _reuse(self, record: RunRecord, run: RunLayout, identity: Identity | RecordIdentity) -> None:
@@ -323,6 +323,7 @@ class RunTracker:
         # The record the run would have, for its keys and the earlier results they find.
         record = RunRecord(
             run_id="estimate",
+            workflow={"text": workflow_text},
             identity=record_identity(identity),
             tasks=_task_records(workflow, planned, mode),
             snapshots=snapshots,
