@@ -28,7 +28,6 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.instrumentation.grpc import filters, server_interceptor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -115,6 +114,9 @@ class Telemetry:
             return []
         if not self.recording:
             return [_CallerContext()]
+        # Imported here: the instrumentation package takes long to import, and clients never need it.
+        from opentelemetry.instrumentation.grpc import server_interceptor
+
         return [server_interceptor(tracer_provider=self.provider, filter_=_not_health)]
 
     def instrument_channel(self, channel: grpc.Channel) -> grpc.Channel:
@@ -297,7 +299,8 @@ def _end_client_span(span: Span, call: Any) -> None:
 
 
 def _not_health(details: Any) -> bool:
-    return not filters.health_check()(details)
+    """The instrumentation's filter: trace every call but the health checks."""
+    return not str(getattr(details, "method", "")).startswith(_HEALTH_PREFIX)
 
 
 def _epoch_ns(moment: datetime) -> int:
