@@ -46,3 +46,39 @@ tasks:
     progress_units = [json.loads(line)["unit"] for line in task.progress.read_text().splitlines()]
     assert set(progress_units) == set(range(30))
     assert len(progress_units) < 30 + 6  # what was done before the stop was not computed again (beyond in-flight)
+
+
+def test_a_restarted_server_keeps_a_run_s_reservation_and_releases_it_at_the_end(
+    start_server, client_for, e2e_model, tmp_path
+):
+    home = tmp_path / "reserve-home"
+    nodes = [{"name": "node-a", "cores": 1, "memory_gb": 4}, {"name": "node-b", "cores": 1, "memory_gb": 4}]
+    workflow = write_workflow(
+        e2e_model,
+        """
+name: reserved
+reserve: node-b
+tasks:
+  values:
+    type: e2etasks.tasks:Slow
+    settings: {units: 12, seconds: 0.25, seed: 8}
+""",
+        "reserved.yaml",
+    )
+    first = start_server(nodes=nodes, home=home)
+    client = client_for(first)
+    run_id = client.submit(workflow).run_id
+    deadline = time.monotonic() + 30
+    while client.get_run(run_id).tasks[0].units_done < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first.stop()
+
+    second = start_server(nodes=nodes, home=home)
+    client = client_for(second)
+    # Before the driver's first step, the reservation is the run's again: nobody else can take node-b.
+    assert {n.name: n.reserved_by for n in client.nodes()} == {"node-a": "", "node-b": run_id}
+    final = wait_final(client, run_id)
+    assert final.state == common_pb2.RUN_STATE_SUCCEEDED, final.message
+    assert {p.node for p in second.tracker.executor.pods(run_id)} == {"node-b"}
+    assert {n.name: n.reserved_by for n in client.nodes()} == {"node-a": "", "node-b": ""}

@@ -121,7 +121,7 @@ def bound(servicers: tuple[Gateway, Tracker]) -> Iterator[BoundServer]:
         [GATEWAY, TRACKER],
         tokens=TOKENS,
         translate={DomainError: FailedPrecondition},
-        max_workers=8,
+        max_concurrent_calls=8,
     ).start()
     yield server
     server.stop(None)

@@ -69,7 +69,7 @@ def start(servicer: Gateway, telemetry: Telemetry) -> BoundServer:
         [lambda s: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, s)],
         [GATEWAY],
         tokens=TOKENS,
-        max_workers=4,
+        max_concurrent_calls=8,
         telemetry=telemetry,
     ).start()
 

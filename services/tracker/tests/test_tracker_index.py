@@ -147,3 +147,35 @@ def test_rebuild_skips_a_run_left_in_staging(store: StoreLayout, index: RunIndex
     store.run("r2").root.rename(store.run_staging("r2").root)  # a submission that stopped before its rename
     assert [r.run_id for r in index.rebuild(store)] == ["r1"]
     assert ids(index.list()) == ["r1"]
+
+
+def test_pages_follow_the_last_row_of_the_one_before_ties_included(store: StoreLayout, tmp_path: Path) -> None:
+    from simrun_core.errors import InvalidArgument
+    from simrun_tracker.executor import TaskOrdering
+    from simrun_tracker.reads import RunReader
+    from simrun_tracker.runstore import RunStore
+
+    for index in range(23):
+        # Three runs share each minute: the run id breaks the tie.
+        save(store, f"r{index:02d}", BOB if index % 2 else ALICE, index // 3, state=RunState.SUCCEEDED)
+    runs = RunStore(store, tmp_path / "paging.sqlite")
+    runs.load()
+    reader = RunReader(runs, executor=type("NoExecutor", (), {"ordering": TaskOrdering.DRIVER})())  # type: ignore[arg-type]
+    try:
+        seen, token, pages = [], "", 0
+        while True:
+            records, token = reader.page("", "", "", 7, token)
+            seen += [r.run_id for r in records]
+            pages += 1
+            if not token:
+                break
+        assert pages == 4 and seen == ids(runs.index.list()) and len(set(seen)) == 23
+        bobs, _ = reader.page("", "", "bob", 100, "")
+        assert {r.identity.name for r in bobs} == {"bob"} and len(bobs) == 11
+        _, bob_token = reader.page("", "", "bob", 2, "")
+        with pytest.raises(InvalidArgument, match="another listing"):
+            reader.page("", "", "alice", 2, bob_token)
+        with pytest.raises(InvalidArgument, match="bad page_token"):
+            reader.page("", "", "", 2, "not-a-token")
+    finally:
+        runs.close()

@@ -82,7 +82,12 @@ class DriverConfig(BaseModel):
     give_up_s: float = Field(
         default=600.0, gt=0, description="Seconds of failing steps after which a run fails with the last error."
     )
-    tick_s: float = Field(default=2.0, gt=0, description="Seconds between two visits of a run nothing woke.")
+    tick_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between two visits of a run nothing woke: a safety net, since pod changes, "
+        "submissions and cancellations wake the driver and it sets timers for what it awaits.",
+    )
 
 
 class ServerConfig(BaseModel):

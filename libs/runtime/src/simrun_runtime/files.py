@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ from typing import Any
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Writes `data` to a temporary file beside `path`, flushes it, and renames it over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # Unique per process and thread: two threads of a server may write the same file at once.
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

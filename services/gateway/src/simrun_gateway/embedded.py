@@ -139,6 +139,7 @@ def start_embedded(
         names,
         tokens=tokens,
         translate={PlanError: FailedPrecondition},
+        max_concurrent_calls=config.max_concurrent_calls,
         telemetry=telemetry,
     ).start()
     if tracker is not None and drive_runs:

@@ -362,7 +362,7 @@ class Driver:
                         record,
                         task,
                         TaskState.FAILED,
-                        f"the coordinator succeeded but no merge marker appeared within {self.merge_wait_s:.0f} s",
+                        f"the coordinator succeeded but no merge marker appeared within {self.merge_wait_s:g} s",
                     )
                 else:
                     return MERGE_POLL_S

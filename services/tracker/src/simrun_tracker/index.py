@@ -117,8 +117,21 @@ class RunIndex:
             session.merge(row)
             session.commit()
 
-    def list(self, group: str = "", state: str = "", owner: str = "") -> list[RunRow]:
-        """Runs newest first, filtered; `owner` matches the person or the agent."""
+    def list(
+        self,
+        group: str = "",
+        state: str = "",
+        owner: str = "",
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int | None = None,
+    ) -> list[RunRow]:
+        """Runs newest first, filtered; `owner` matches the person or the agent.
+
+        Args:
+            after: the (created_at, run_id) of the last row of the previous page: the page starts after it.
+            limit: at most this many rows.
+        """
         query = select(RunRow)
         if group:
             query = query.where(RunRow.group == group)
@@ -126,7 +139,15 @@ class RunIndex:
             query = query.where(RunRow.state == state)
         if owner:
             query = query.where((RunRow.owner == owner) | (RunRow.agent == owner))
+        if after is not None:
+            created, run_id = after
+            query = query.where(
+                (col(RunRow.created_at) < created)
+                | ((col(RunRow.created_at) == created) & (col(RunRow.run_id) < run_id))
+            )
         query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
+        if limit is not None:
+            query = query.limit(limit)
         with Session(self._engine) as session:
             return list(session.exec(query))
 

@@ -11,9 +11,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from simrun_core.errors import InvalidArgument, NotFound
+from simrun_core.paging import decode_key_token, encode_key_token, page_size
 from simrun_runtime.layout import checked_worker
 from simrun_runtime.record import RunRecord, RunState, TaskState
 from simrun_runtime.reports import ProgressReader
@@ -27,6 +29,9 @@ PROGRESS_POLL_S = 0.25
 
 WATCH_CHECK_S = 1.0
 """Seconds a watcher waits before it checks that its caller is still there."""
+
+LIST_PAGE_SIZE = 50
+"""Runs on a page of ListRuns when the caller asks for no size."""
 
 FINAL_PROGRESS_KEPT = 4096
 """Final runs whose progress is kept in memory (read once: a final run's progress does not change)."""
@@ -77,6 +82,31 @@ class RunReader:
         if state and state not in {s.value for s in RunState}:
             raise InvalidArgument(f"unknown state {state!r}: one of {', '.join(s.value for s in RunState)}")
         return [row.run_id for row in self.runs.index.list(group, state, owner)]
+
+    def page(self, group: str, state: str, owner: str, requested_size: int, token: str) -> tuple[list[RunRecord], str]:
+        """One page of runs, newest first, and the token of the next (empty at the end): keyset paging, so a page
+        reads its own rows only, however deep in the listing it is."""
+        if state and state not in {s.value for s in RunState}:
+            raise InvalidArgument(f"unknown state {state!r}: one of {', '.join(s.value for s in RunState)}")
+        scope = f"{group}|{state}|{owner}"
+        size = page_size(requested_size, default=LIST_PAGE_SIZE)
+        key = decode_key_token(token, scope)
+        after = None
+        if key is not None:
+            try:
+                after = (datetime.fromisoformat(key[0]), key[1])
+            except (ValueError, IndexError) as exc:
+                raise InvalidArgument("bad page_token: pass the next_page_token of the previous page") from exc
+        rows = self.runs.index.list(group, state, owner, after=after, limit=size + 1)
+        records = []
+        for row in rows[:size]:
+            try:
+                records.append(self.get(row.run_id))
+            except NotFound:
+                continue  # removed from the store since the index was built
+        more = len(rows) > size
+        last = rows[size - 1] if more else None
+        return records, encode_key_token([last.created_at.isoformat(), last.run_id], scope) if last else ""
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
         """Units done per task, from each task's `progress.jsonl`, read on from where the last call stopped."""

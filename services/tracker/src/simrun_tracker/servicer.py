@@ -34,11 +34,10 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         self, request: tracker_pb2.ListRunsRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.ListRunsResponse:
         state = convert.RUN_STATE_FROM_PROTO.get(request.state)
-        run_ids = self.tracker.list(request.group, state.value if state else "", request.owner)
-        scope = f"{request.group}|{request.state}|{request.owner}"
-        chunk, token = page(run_ids, request.page_size, request.page_token, scope, default=50)
-        runs = [convert.run_message(self.tracker.get(run_id)) for run_id in chunk]
-        return tracker_pb2.ListRunsResponse(runs=runs, next_page_token=token)
+        records, token = self.tracker.page(
+            request.group, state.value if state else "", request.owner, request.page_size, request.page_token
+        )
+        return tracker_pb2.ListRunsResponse(runs=[convert.run_message(r) for r in records], next_page_token=token)
 
     def CancelRun(
         self, request: tracker_pb2.CancelRunRequest, context: grpc.ServicerContext

@@ -42,7 +42,7 @@ def build_server(
     *,
     tokens: TokenRegistry | None = None,
     translate: Mapping[type[Exception], type[SimrunError]] | None = None,
-    max_workers: int = 32,
+    max_concurrent_calls: int = 1000,
     telemetry: Telemetry | None = None,
 ) -> BoundServer:
     """Builds a server with the production interceptors and `grpc.health.v1`, bound to `address`.
@@ -53,7 +53,10 @@ def build_server(
         service_names: full names of the services, reported SERVING by the health service.
         tokens: when given, every call but health checks needs a known bearer token.
         translate: a domain's own exception types and the `SimrunError` they stand for.
-        max_workers: threads serving calls (streams hold one each while open).
+        max_concurrent_calls: calls served at once, streams included; one more is refused at once with
+            RESOURCE_EXHAUSTED instead of waiting. A stream holds a thread while open, but a watching stream waits
+            on a condition (no CPU), and threads are made only as calls need them, so the bound is cheap to keep
+            high; one thread above it is kept free for the calls that must answer the refusal.
         telemetry: where the server's spans go; the process's own (from the OpenTelemetry variables) by default.
     """
     # Tracing first, so a call's span covers authentication and error mapping (a refused call records status 16).
@@ -61,7 +64,12 @@ def build_server(
     if tokens is not None:
         interceptors.append(AuthInterceptor(tokens))
     interceptors.append(ErrorInterceptor(translate))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=interceptors)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_concurrent_calls + 1, thread_name_prefix="simrun-rpc"),
+        interceptors=interceptors,
+        maximum_concurrent_rpcs=max_concurrent_calls,
+        options=[("grpc.so_reuseport", 0)],
+    )
     for register in registrations:
         register(server)
     health_servicer = health.HealthServicer()

@@ -1,0 +1,402 @@
+"""The driver's state machine against the scripted fake executor: merging, the legacy merge pod, memory kills
+across a restart, the learner failing, errors that back off or fail a run, environments that build, and an
+adapter that orders tasks itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fake_executor import FakeExecutor
+from simrun_core.config import DriverConfig
+from simrun_core.errors import InvalidArgument, Unavailable
+from simrun_core.identity import Priority
+from simrun_core.resources import ObservationKey, ResolvedResources, SplitMode
+from simrun_planner import Node, plan_task
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord, TaskState
+from simrun_tracker.driver import Driver
+from simrun_tracker.executor import TaskOrdering
+from simrun_tracker.ports import Environment, EnvironmentState
+from simrun_tracker.runstore import RunStore
+
+NODES = [Node("n1", cores=4, memory_gb=16)]
+AGENT = Identity(name="bob-agent", kind="agent", on_behalf_of="bob", priority="agent")
+
+
+class Learner:
+    """The learner port, recording what the driver reports; it can be made to fail."""
+
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, str, bool]] = []
+        self.fail = False
+
+    def resolve(self, key: ObservationKey, hint: ResolvedResources) -> ResolvedResources:
+        return hint
+
+    def record_reports(self, record: RunRecord, task_id: str, succeeded: bool) -> int:
+        if self.fail:
+            raise Unavailable("the learner is down")
+        self.recorded.append((record.run_id, task_id, succeeded))
+        return 0
+
+    def estimate(self, key: ObservationKey, units: int, pods: int, processes: int) -> float | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class Environments:
+    """The environment port with a state the test sets."""
+
+    def __init__(self) -> None:
+        self.state = EnvironmentState.READY
+        self.message = ""
+
+    def resolve(self, snapshots: object) -> Environment:
+        return self.get("env-1")
+
+    def get(self, environment_id: str) -> Environment:
+        return Environment(environment_id, self.state, self.message)
+
+    def close(self) -> None:
+        return None
+
+
+def plan(task_id: str, split: bool, units: int | None, merges: bool = True) -> dict:
+    planned = plan_task(
+        SimpleNamespace(id=task_id),
+        SimpleNamespace(name="m:T", split=split),
+        ResolvedResources(base_memory_gb=0.5, per_worker_gb=0.25),
+        NODES,
+        SplitMode.SINGLE_SERVER,
+        Priority.AGENT,
+        units,
+        run_id="r",
+    )
+    shaped = dataclasses.asdict(planned)
+    shaped["coordinator_merges"] = merges
+    return shaped
+
+
+def task(task_id: str, split: bool = False, merges: bool = True, inputs: dict[str, str] | None = None) -> TaskRecord:
+    return TaskRecord(
+        task_id=task_id,
+        type="m:T",
+        split=split,
+        units=8 if split else None,
+        plan=plan(task_id, split, 8 if split else None, merges),
+        inputs=inputs or {},
+    )
+
+
+@dataclasses.dataclass
+class World:
+    runs: RunStore
+    executor: FakeExecutor
+    learner: Learner
+    environments: Environments
+    driver: Driver
+    planned: list[str]
+
+    def submit(self, *tasks: TaskRecord, run_id: str = "r1", unplanned: bool = False, reserve: str = "") -> str:
+        records = {t.task_id: (t.model_copy(update={"plan": None}) if unplanned else t) for t in tasks}
+        record = RunRecord(
+            run_id=run_id, identity=AGENT, tasks=records, environment="env-1", reservation=reserve or None
+        )
+        if reserve:
+            self.executor.reserve(reserve, run_id)
+        self.runs.create(record, lambda staging: staging.tasks.mkdir(parents=True))
+        self._planned_tasks = {t.task_id: t for t in tasks}
+        return run_id
+
+    def state(self, run_id: str = "r1") -> RunRecord:
+        return self.runs.get(run_id)
+
+    def until(self, check: Callable[[RunRecord], bool], run_id: str = "r1", timeout_s: float = 10) -> RunRecord:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            record = self.state(run_id)
+            if check(record):
+                return record
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; the run is {record.state}: {record.message}")
+            time.sleep(0.01)
+
+    def merged(self, task_id: str, run_id: str = "r1") -> None:
+        marker = self.runs.layout.run(run_id).task(task_id).merge_marker
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("{}")
+
+
+@pytest.fixture
+def make_world(tmp_path: Path) -> Iterator[Callable[..., World]]:
+    made: list[World] = []
+
+    def make(
+        executor: FakeExecutor | None = None, merge_wait_s: float = 5.0, config: DriverConfig | None = None
+    ) -> World:
+        runs = RunStore(StoreLayout(tmp_path / "store"))
+        executor = executor or FakeExecutor(list(NODES))
+        learner, environments, planned = Learner(), Environments(), []
+        world: World
+
+        def planner(record: RunRecord) -> None:
+            planned.append(record.run_id)
+            record.tasks = {k: world._planned_tasks[k].model_copy(deep=True) for k in record.tasks}
+
+        driver = Driver(
+            runs,
+            executor,
+            learner,
+            environments,
+            planner,
+            grace_s=1,
+            merge_wait_s=merge_wait_s,
+            config=config or DriverConfig(backoff_initial_s=0.05, backoff_max_s=0.2, give_up_s=30, tick_s=0.5),
+        )
+        world = World(runs, executor, learner, environments, driver, planned)
+        driver.recover(runs.load())
+        driver.start()
+        made.append(world)
+        return world
+
+    yield make
+    for world in made:
+        world.driver.stop()
+        world.runs.close()
+
+
+def running(record: RunRecord) -> bool:
+    return record.state == RunState.RUNNING
+
+
+def test_a_split_task_succeeds_once_its_coordinator_succeeded_and_its_merge_marker_is_seen(make_world) -> None:
+    world = make_world()
+    world.submit(task("scan", split=True))
+    world.until(running)
+    world.merged("scan")
+    world.executor.exit("r1", "scan")
+    record = world.until(lambda r: r.state.final)
+    assert (record.state, record.tasks["scan"].state) == (RunState.SUCCEEDED, TaskState.SUCCEEDED)
+    assert world.learner.recorded == [("r1", "scan", True)]
+    assert record.tasks["scan"].attempts == {"w0": 1}
+
+
+def test_a_coordinator_without_a_merge_marker_fails_its_task_after_the_wait(make_world) -> None:
+    world = make_world(merge_wait_s=0.3)
+    world.submit(task("scan", split=True))
+    world.until(running)
+    world.executor.exit("r1", "scan")
+    record = world.until(lambda r: r.state.final)
+    assert record.state == RunState.FAILED
+    assert record.message == "task scan failed: the coordinator succeeded but no merge marker appeared within 0.3 s"
+
+
+def test_a_plan_recorded_before_the_coordinator_merged_runs_the_merge_pod_after_it(make_world) -> None:
+    world = make_world()
+    world.submit(task("scan", split=True, merges=False))
+    world.until(running)
+    world.executor.exit("r1", "scan")
+    world.until(lambda r: any(p.spec.worker == "merge" for p in world.executor.pods("r1")))
+    merge = world.executor.status("r1", "scan", "merge")
+    assert merge.spec.contract["SIMRUN_MERGE"] == "1" and merge.spec.role.value == "merge"
+    world.merged("scan")
+    world.executor.exit("r1", "scan", "merge")
+    assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+
+
+def test_a_merge_pod_that_wrote_no_marker_fails_the_task(make_world) -> None:
+    world = make_world()
+    world.submit(task("scan", split=True, merges=False))
+    world.until(running)
+    world.executor.exit("r1", "scan")
+    world.until(lambda r: any(p.spec.worker == "merge" for p in world.executor.pods("r1")))
+    world.executor.exit("r1", "scan", "merge")
+    record = world.until(lambda r: r.state.final)
+    assert record.message == "task scan failed: the merge pod succeeded but wrote no merge marker"
+
+
+def test_a_learner_that_fails_does_not_fail_the_run(make_world) -> None:
+    world = make_world()
+    world.learner.fail = True
+    world.submit(task("fit"))
+    world.until(running)
+    world.executor.exit("r1", "fit")
+    assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+
+
+def test_the_runtime_s_failure_message_becomes_the_task_s(make_world) -> None:
+    world = make_world()
+    world.submit(task("fit"))
+    world.until(running)
+    failure = world.runs.layout.run("r1").task("fit").failure
+    failure.parent.mkdir(parents=True, exist_ok=True)
+    failure.write_text('{"message": "unit 7 raised ValueError: bad seed (worker w0)"}')
+    world.executor.exit("r1", "fit", code=1)
+    record = world.until(lambda r: r.state.final)
+    assert record.message == "task fit failed: unit 7 raised ValueError: bad seed (worker w0)"
+
+
+def test_memory_kills_survive_a_restart_and_the_second_fails_the_run(make_world) -> None:
+    first = make_world()
+    first.submit(task("fit"))
+    first.until(running)
+    first.executor.kill_for_memory("r1", "fit")
+    first.until(lambda r: len(r.oom_kills) == 1 and r.tasks["fit"].attempts.get("w0") == 2)
+    first.driver.stop()
+    # A new tracker: the pods are gone with the old executor; the record says what happened.
+    second = make_world()
+    second._planned_tasks = first._planned_tasks
+    second.until(lambda r: second.executor.pods("r1") != [] and second.executor.status("r1", "fit").attempts == 3)
+    restarted = second.executor.status("r1", "fit")
+    assert restarted.memory_gb == restarted.spec.retry_memory_gb and len(restarted.memory_kills) == 1
+    second.executor.kill_for_memory("r1", "fit")
+    record = second.until(lambda r: r.state.final)
+    assert record.state == RunState.FAILED and "killed for memory twice" in record.message
+    assert len(record.oom_kills) == 2
+
+
+def test_a_reservation_is_held_again_after_a_restart(make_world) -> None:
+    first = make_world()
+    first.submit(task("fit"), reserve="n1")
+    first.until(running)
+    first.driver.stop()
+    second = make_world()
+    assert {n.name: n.reserved_by for n in second.executor.nodes()} == {"n1": "r1"}
+
+
+class Refusing(FakeExecutor):
+    def start_pods(self, pods):  # type: ignore[no-untyped-def]
+        raise InvalidArgument("the cluster refused the pod: bad label")
+
+
+class Flaky(FakeExecutor):
+    """Unavailable for the first `failures` observations."""
+
+    def __init__(self, failures: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.failures = failures
+
+    def pods(self, run_id):  # type: ignore[no-untyped-def]
+        if self.failures > 0:
+            self.failures -= 1
+            raise Unavailable("the API server is not answering")
+        return super().pods(run_id)
+
+
+def test_a_step_refused_for_good_fails_its_run_with_the_message(make_world) -> None:
+    world = make_world(Refusing(list(NODES)))
+    world.submit(task("fit"))
+    record = world.until(lambda r: r.state.final)
+    assert (record.state, record.message) == (RunState.FAILED, "the cluster refused the pod: bad label")
+
+
+def test_a_transient_failure_backs_off_and_recovers(make_world) -> None:
+    flaky = Flaky(3, nodes=list(NODES))
+    world = make_world(flaky)
+    world.submit(task("fit"))
+    world.until(running)
+    assert flaky.failures == 0
+    world.executor.exit("r1", "fit")
+    assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+
+
+def test_a_transient_failure_that_lasts_fails_the_run_once_the_bound_passes(make_world) -> None:
+    config = DriverConfig(backoff_initial_s=0.05, backoff_max_s=0.1, give_up_s=0.5, tick_s=0.5)
+    world = make_world(Flaky(10**6, nodes=list(NODES)), config=config)
+    world.submit(task("fit"))
+    record = world.until(lambda r: r.state.final)
+    assert record.state == RunState.FAILED
+    assert record.message.startswith("failing for ") and "the API server is not answering" in record.message
+    # Backing off, the driver did not spin: far fewer steps than a 0.05 s loop for that long would take.
+    assert world.driver.steps < 30
+
+
+def test_a_run_waits_while_its_environment_builds_then_is_planned_and_runs(make_world) -> None:
+    world = make_world()
+    world.environments.state = EnvironmentState.BUILDING
+    world.environments.message = "uv sync: 12 of 40 packages"
+    world.submit(task("fit"), unplanned=True)
+    record = world.until(lambda r: "building" in r.message)
+    assert record.state == RunState.SUBMITTING
+    assert record.message == "building environment env-1: uv sync: 12 of 40 packages"
+    assert world.executor.pods("r1") == [] and world.planned == []
+    world.environments.state = EnvironmentState.READY
+    world.until(running)
+    assert world.planned == ["r1"]
+    world.executor.exit("r1", "fit")
+    assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+
+
+def test_a_failed_environment_fails_the_run_with_the_builder_s_message(make_world) -> None:
+    world = make_world()
+    world.environments.state = EnvironmentState.FAILED
+    world.environments.message = "uv sync failed: no wheel for scipy"
+    world.submit(task("fit"), unplanned=True)
+    record = world.until(lambda r: r.state.final)
+    assert (record.state, record.message) == (
+        RunState.FAILED,
+        "environment env-1 failed: uv sync failed: no wheel for scipy",
+    )
+
+
+def test_an_adapter_that_orders_tasks_gets_the_whole_run_once(make_world) -> None:
+    executor = FakeExecutor(list(NODES), ordering=TaskOrdering.ADAPTER)
+    world = make_world(executor)
+    world.submit(task("scan", split=True), task("report", inputs={"points": "scan.points"}))
+    world.until(running)
+    assert executor.calls.get("start_run") == 1 and executor.calls.get("start_pods") == 1
+    world.merged("scan")
+    executor.exit("r1", "scan")
+    world.until(lambda r: r.tasks["scan"].state == TaskState.SUCCEEDED)
+    world.until(lambda r: any(p.spec.task_id == "report" for p in executor.pods("r1")))
+    executor.exit("r1", "report")
+    assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+    assert executor.calls.get("start_run") == 1
+
+
+def test_a_cancel_request_is_carried_out_by_the_driver(make_world) -> None:
+    world = make_world()
+    world.submit(task("fit"))
+    world.until(running)
+    with world.runs.run_lock("r1"):
+        record = world.state()
+        record.cancel_requested = True
+        record.message = "cancelled by bob"
+        world.runs.save(record)
+    record = world.until(lambda r: r.state.final)
+    assert (record.state, record.message, record.tasks["fit"].state) == (
+        RunState.CANCELLED,
+        "cancelled by bob",
+        TaskState.CANCELLED,
+    )
+    assert world.executor.status("r1", "fit").message == "stopped"
+
+
+def test_a_run_ending_releases_its_reservation(make_world) -> None:
+    world = make_world()
+    world.submit(task("fit"), reserve="n1")
+    world.until(running)
+    assert world.executor.nodes()[0].reserved_by == "r1"
+    world.executor.exit("r1", "fit")
+    world.until(lambda r: r.state.final)
+    assert world.executor.nodes()[0].reserved_by is None
+
+
+def test_a_slow_executor_does_not_slow_reading_a_run(make_world) -> None:
+    world = make_world(FakeExecutor(list(NODES), pods_delay_s=0.3))
+    for index in range(5):
+        world.submit(task("fit"), run_id=f"r{index}")
+    world.until(running, run_id="r0", timeout_s=20)
+    slowest = 0.0
+    for _ in range(50):
+        began = time.monotonic()
+        world.runs.get("r2")
+        slowest = max(slowest, time.monotonic() - began)
+    assert slowest < 0.1, f"a read waited {slowest:.3f} s for the driver"

@@ -1,0 +1,262 @@
+"""The executor port's contract: one suite every adapter passes (start, observe, preempt, memory-kill retry, stop,
+reserve, restart), run against the local executor with real processes and against the scripted fake.
+
+An adapter joins by giving a harness: how to make a pod it can control, make that pod exit or be killed for
+memory, and restart the executor over the same store.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+from fake_executor import FakeExecutor
+from simrun_planner import Node
+from simrun_tracker.executor import (
+    Executor,
+    MemoryKill,
+    PodHistory,
+    PodPhase,
+    PodRole,
+    PodSpec,
+    PodStatus,
+    RunRecovery,
+)
+from simrun_tracker.local import LocalExecutor
+
+NODES = [Node("n1", cores=2, memory_gb=2.0), Node("n2", cores=1, memory_gb=2.0)]
+
+# A local pod that obeys its control file: `exit N`, or `oom` (takes memory past any test limit).
+OBEY = """
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+control = pathlib.Path(sys.argv[1])
+while not control.exists():
+    time.sleep(0.02)
+order = control.read_text().split()
+control.unlink()
+if order[0] == "exit":
+    sys.exit(int(order[1]))
+chunks = []
+while True:
+    chunk = bytearray(16 * 1024 * 1024)
+    for i in range(0, len(chunk), 4096):
+        chunk[i] = 1
+    chunks.append(chunk)
+"""
+
+
+class Harness(Protocol):
+    executor: Executor
+
+    def exit(self, spec: PodSpec, code: int) -> None: ...
+
+    def kill_for_memory(self, spec: PodSpec) -> None: ...
+
+    def restart(self) -> Executor: ...
+
+
+class LocalHarness:
+    def __init__(self, box: Path) -> None:
+        self.box = box
+        self.executor: Executor = self._make()
+
+    def _make(self) -> LocalExecutor:
+        return LocalExecutor(self.box, self._launch, list(NODES), cgroup_root=None, poll_s=0.02)
+
+    def _launch(self, spec: PodSpec) -> list[str]:
+        return [sys.executable, "-c", OBEY, str(self.box / f"{spec.pod_id}.ctl")]
+
+    def exit(self, spec: PodSpec, code: int) -> None:
+        (self.box / f"{spec.pod_id}.ctl").write_text(f"exit {code}")
+
+    def kill_for_memory(self, spec: PodSpec) -> None:
+        (self.box / f"{spec.pod_id}.ctl").write_text("oom")
+
+    def restart(self) -> Executor:
+        self.executor.close()
+        for control in self.box.glob("*.ctl"):
+            control.unlink()
+        self.executor = self._make()
+        return self.executor
+
+
+class FakeHarness:
+    def __init__(self) -> None:
+        self.executor: Executor = FakeExecutor(list(NODES))
+
+    def exit(self, spec: PodSpec, code: int) -> None:
+        assert isinstance(self.executor, FakeExecutor)
+        self.executor.exit(spec.run_id, spec.task_id, spec.worker, code)
+
+    def kill_for_memory(self, spec: PodSpec) -> None:
+        assert isinstance(self.executor, FakeExecutor)
+        self.executor.kill_for_memory(spec.run_id, spec.task_id, spec.worker)
+
+    def restart(self) -> Executor:
+        self.executor = FakeExecutor(list(NODES))
+        return self.executor
+
+
+@pytest.fixture(params=["local", "fake"])
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    made: Harness = LocalHarness(tmp_path) if request.param == "local" else FakeHarness()
+    yield made
+    made.executor.close()
+
+
+def spec(
+    run: str,
+    task: str,
+    worker: str = "w0",
+    *,
+    priority: str = "simrun-standard-base",
+    cores: int = 1,
+    memory_gb: float = 0.25,
+    retry_memory_gb: float = 0.375,
+) -> PodSpec:
+    return PodSpec(
+        run_id=run,
+        task_id=task,
+        worker=worker,
+        role=PodRole.EXECUTE,
+        environment_id="default",
+        contract={"SIMRUN_RUN_DIR": f"runs/{run}", "SIMRUN_TASK": task, "SIMRUN_WORKER": worker},
+        cores=cores,
+        memory_gb=memory_gb,
+        processes=1,
+        retry_memory_gb=retry_memory_gb,
+        priority_class=priority,
+        grace_s=2.0,
+    )
+
+
+def observed(executor: Executor, pod: PodSpec) -> PodStatus:
+    return next(p for p in executor.pods(pod.run_id) if p.spec.pod_id == pod.pod_id)
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.02)
+
+
+def phase(executor: Executor, pod: PodSpec, want: PodPhase, attempts: int | None = None) -> Callable[[], bool]:
+    def check() -> bool:
+        status = observed(executor, pod)
+        return status.phase is want and (attempts is None or status.attempts == attempts)
+
+    return check
+
+
+def test_pods_start_are_observed_in_order_and_succeed_or_fail_by_their_exit(harness: Harness) -> None:
+    executor = harness.executor
+    woken: list[str] = []
+    executor.subscribe(woken.append)
+    ok, bad = spec("r1", "ok"), spec("r1", "bad")
+    executor.start_pods([ok, bad])
+    executor.start_pods([ok])  # a pod known already is left as it is
+    eventually(phase(executor, ok, PodPhase.RUNNING))
+    eventually(phase(executor, bad, PodPhase.RUNNING))
+    assert [p.spec.pod_id for p in executor.pods("r1")] == [ok.pod_id, bad.pod_id]
+    harness.exit(ok, 0)
+    harness.exit(bad, 3)
+    eventually(phase(executor, ok, PodPhase.SUCCEEDED))
+    eventually(phase(executor, bad, PodPhase.FAILED))
+    assert (observed(executor, ok).exit_code, observed(executor, bad).exit_code) == (0, 3)
+    assert observed(executor, ok).attempts == 1
+    assert "r1" in woken
+    assert executor.pods("unknown") == []
+
+
+def test_a_higher_priority_takes_back_extra_workers_and_keeps_the_coordinator(harness: Harness) -> None:
+    executor = harness.executor
+    coordinator = spec("agent-run", "t", "w0", priority="simrun-agent-base")
+    extras = [spec("agent-run", "t", f"w{i}", priority="simrun-agent-extra") for i in (1, 2)]
+    executor.start_pods([coordinator, *extras])
+    for pod in (coordinator, *extras):
+        eventually(phase(executor, pod, PodPhase.RUNNING))
+    owner = spec("owner-run", "t", "w0", priority="simrun-owner-base")
+    executor.start_pods([owner])
+    eventually(phase(executor, owner, PodPhase.RUNNING))
+    statuses = {p.spec.worker: p for p in executor.pods("agent-run")}
+    assert statuses["w0"].phase is PodPhase.RUNNING and statuses["w0"].preemptions == 0
+    taken = [w for w in ("w1", "w2") if statuses[w].preemptions == 1]
+    assert len(taken) == 1 and statuses[taken[0]].phase is PodPhase.PENDING
+    harness.exit(owner, 0)
+    eventually(phase(executor, extras[int(taken[0][1]) - 1], PodPhase.RUNNING, attempts=2))
+
+
+def test_a_kill_for_memory_is_retried_once_with_the_retry_memory_and_a_second_fails(harness: Harness) -> None:
+    executor = harness.executor
+    pod = spec("r1", "t")
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING))
+    harness.kill_for_memory(pod)
+    eventually(phase(executor, pod, PodPhase.RUNNING, attempts=2))
+    retried = observed(executor, pod)
+    assert (retried.memory_gb, len(retried.memory_kills), retried.memory_kills[0].memory_gb) == (0.375, 1, 0.25)
+    harness.kill_for_memory(pod)
+    eventually(phase(executor, pod, PodPhase.FAILED))
+    failed = observed(executor, pod)
+    assert [k.memory_gb for k in failed.memory_kills] == [0.25, 0.375]
+    assert "killed for memory twice" in failed.message and "0.375 GiB" in failed.message
+
+
+def test_stopping_a_run_fails_its_pods_and_no_other(harness: Harness) -> None:
+    executor = harness.executor
+    mine, other = spec("r1", "t"), spec("r2", "t")
+    executor.start_pods([mine, other])
+    eventually(phase(executor, mine, PodPhase.RUNNING))
+    eventually(phase(executor, other, PodPhase.RUNNING))
+    executor.stop_pods("r1")
+    eventually(phase(executor, mine, PodPhase.FAILED))
+    assert observed(executor, mine).message == "stopped"
+    assert observed(executor, other).phase is PodPhase.RUNNING
+    harness.exit(other, 0)
+    eventually(phase(executor, other, PodPhase.SUCCEEDED))
+
+
+def test_a_reserved_node_takes_only_its_run_s_pods(harness: Harness) -> None:
+    executor = harness.executor
+    executor.reserve("n2", "r1")
+    assert {n.name: n.reserved_by for n in executor.nodes()} == {"n1": None, "n2": "r1"}
+    others = [spec("r2", f"t{i}") for i in range(3)]
+    executor.start_pods(others)
+    eventually(lambda: sum(observed(executor, p).phase is PodPhase.RUNNING for p in others) == 2)
+    assert {observed(executor, p).node for p in others if observed(executor, p).node} == {"n1"}
+    mine = spec("r1", "t")
+    executor.start_pods([mine])
+    eventually(phase(executor, mine, PodPhase.RUNNING))
+    assert observed(executor, mine).node == "n2"
+    executor.release("r1")
+    assert all(n.reserved_by is None for n in executor.nodes())
+
+
+def test_a_restarted_executor_takes_back_a_run_s_reservation_memory_kills_and_attempts(harness: Harness) -> None:
+    pod = spec("r1", "t")
+    harness.executor.start_pods([pod])
+    eventually(phase(harness.executor, pod, PodPhase.RUNNING))
+    harness.kill_for_memory(pod)
+    eventually(phase(harness.executor, pod, PodPhase.RUNNING, attempts=2))
+    kills = observed(harness.executor, pod).memory_kills
+    executor = harness.restart()
+    executor.restore(
+        RunRecovery(
+            "r1", "n2", [PodHistory("t", "w0", [MemoryKill(k.memory_gb, k.per_worker_gb, "x") for k in kills], 2)]
+        )
+    )
+    assert {n.name: n.reserved_by for n in executor.nodes()}["n2"] == "r1"
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING, attempts=3))
+    again = observed(executor, pod)
+    assert (again.memory_gb, again.node) == (0.375, "n2")
+    harness.kill_for_memory(pod)
+    eventually(phase(executor, pod, PodPhase.FAILED))
+    assert "killed for memory twice" in observed(executor, pod).message
