@@ -393,9 +393,7 @@ class RunTracker:
     def list(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
         return self.reader.list(group, state, owner)
 
-    def page(
-        self, group: str, state: str, owner: str, page_size: int, page_token: str
-    ) -> tuple[list[RunRecord], str]:
+    def page(self, group: str, state: str, owner: str, page_size: int, page_token: str) -> tuple[list[RunRecord], str]:
         return self.reader.page(group, state, owner, page_size, page_token)
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
