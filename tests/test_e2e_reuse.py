@@ -8,8 +8,10 @@ import json
 import time
 
 import pytest
-from e2e_support import expected_total, wait_final, write_workflow
+from click.testing import CliRunner
+from e2e_support import TOKENS, expected_total, wait_final, write_workflow
 from simrun.v1 import common_pb2
+from simrun_cli.main import cli
 from simrun_core.errors import PermissionDenied
 from simrun_learner.rules import ObservationKey
 from simrun_runtime.layout import StoreLayout
@@ -68,6 +70,11 @@ def test_a_downstream_change_computes_no_unit_upstream_and_matches_a_fresh_run(s
     assert units_computed(store, second.run_id, "values") == 0
     assert not task(final, "total").HasField("reused_from")
     assert len(server.learner.observations(key)) == observed  # the learner records nothing for a reused task
+    shown = CliRunner().invoke(
+        cli, ["status", second.run_id, "--endpoint", server.address, "--token", TOKENS["person"]]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert f"values: outputs reused from run {first.run_id} task values" in " ".join(shown.output.split())
 
     fresh = client.submit(write_workflow(e2e_model, sums(offset=7)), reuse="never")
     assert wait_final(client, fresh.run_id).state == common_pb2.RUN_STATE_SUCCEEDED

@@ -280,3 +280,45 @@ def test_a_run_continues_its_submissions_trace_down_to_each_pod(tmp_path, tokens
     values_pod = next(s for s in in_trace if s.name == "pod w0" and s.attributes["simrun.task_id"] == "values")
     assert values_pod.attributes["simrun.units"] == 4
     assert values_pod.attributes["simrun.peak_memory_gb"] >= 0
+
+
+def test_a_restarted_server_continues_the_runs_trace(tmp_path, tokens_file, e2e_model):
+    """The trace context is in run.json: spans recorded by the next server are in the submission's trace."""
+    import time
+
+    from e2e_support import wait_final, write_workflow
+
+    config = ServerConfig(
+        home=tmp_path / "home",
+        store=tmp_path / "store",
+        address="127.0.0.1:0",
+        tokens_file=tokens_file,
+        nodes=[NodeConfig(name="node-a", cores=2, memory_gb=8)],
+        grace_s=5,
+    )
+    workflow = write_workflow(
+        e2e_model, "tasks:\n  values:\n    type: e2etasks.tasks:Slow\n    settings: {units: 12, seconds: 0.3}\n"
+    )
+    before, after = InMemorySpanExporter(), InMemorySpanExporter()
+    first = start_embedded(config, telemetry=sdk(before, "simrun-gateway"))
+    try:
+        with Client(first.address, TOKENS["person"], telemetry=sdk(before, "simrun-client")) as client:
+            run = client.submit(workflow)
+            deadline = time.monotonic() + 60
+            while client.get_run(run.run_id).tasks[0].units_done < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        first.stop()
+    root = one(list(before.get_finished_spans()), "simrun_client.submit", "simrun-client", SpanKind.INTERNAL)
+    second = start_embedded(config, telemetry=sdk(after, "simrun-gateway"))
+    try:
+        with Client(second.address, TOKENS["person"], telemetry=Telemetry.off()) as client:
+            final = wait_final(client, run.run_id)
+    finally:
+        second.stop()
+    assert final.state == 4, final.message
+    assert final.trace_id == f"{root.context.trace_id:032x}"
+    spans = [s for s in after.get_finished_spans() if s.name in ("task values", "pod w0")]
+    assert {s.name for s in spans} == {"task values", "pod w0"}
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
