@@ -87,6 +87,13 @@ def test_a_downstream_change_computes_no_unit_upstream_and_matches_a_fresh_run(s
     total = json.loads((store.run(second.run_id).task("total").out_port("total") / "total.json").read_text())
     assert total == expected_total(5, 6) + 7
 
+    # --rerun computes the named task again; what reads it keeps its key (same results) and is reused.
+    again = client.submit(write_workflow(e2e_model, sums(offset=7)), rerun=["values"])
+    final = wait_final(client, again.run_id)
+    assert not task(final, "values").HasField("reused_from")
+    assert units_computed(store, again.run_id, "values") == 6
+    assert task(final, "total").reused_from.task_id == "total"
+
 
 def test_a_cancelled_split_task_resumes_with_only_its_missing_units(start_server, client_for, e2e_model):
     server = start_server(nodes=[{"name": "node-a", "cores": 2, "memory_gb": 8}])
