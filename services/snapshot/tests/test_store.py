@@ -111,7 +111,10 @@ def test_a_changed_file_shares_every_other_inode_with_the_last_snapshot(
     assert (old / "a.py").stat().st_ino != (new / "a.py").stat().st_ino
     assert (old / "a.py").read_bytes() == b"print('a')\n"
     assert store.latest_id("model") == second.snapshot.snapshot_id
-    assert [s.snapshot_id for s in store.list("model")] == [second.snapshot.snapshot_id, first.snapshot.snapshot_id]
+    assert [s.snapshot_id for s in store.list_snapshots("model")] == [
+        second.snapshot.snapshot_id,
+        first.snapshot.snapshot_id,
+    ]
 
 
 def test_a_mode_change_does_not_share_the_inode(tmp_path: Path, tree: tuple[Path, list]) -> None:
@@ -316,7 +319,7 @@ def test_an_upload_finds_contents_in_older_snapshots_when_latest_moved_on(tmp_pa
 def test_get_and_list(tmp_path: Path, tree: tuple[Path, list]) -> None:
     root, entries = tree
     store = SnapshotStore(tmp_path / "store")
-    assert store.list("model") == []
+    assert store.list_snapshots("model") == []
     with pytest.raises(NotFound):
         store.get("model", "0" * 32)
     with pytest.raises(InvalidArgument):

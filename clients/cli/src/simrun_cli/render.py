@@ -49,12 +49,12 @@ def to_dict(message: Message) -> dict[str, Any]:
     return MessageToDict(message, preserving_proto_field_name=True)
 
 
-def run_state(value: int) -> str:
+def run_state(value: common_pb2.RunState.ValueType) -> str:
     """`succeeded` for RUN_STATE_SUCCEEDED."""
     return common_pb2.RunState.Name(value).removeprefix("RUN_STATE_").lower()
 
 
-def task_state(value: int) -> str:
+def task_state(value: common_pb2.TaskState.ValueType) -> str:
     """`running` for TASK_STATE_RUNNING."""
     return common_pb2.TaskState.Name(value).removeprefix("TASK_STATE_").lower()
 
@@ -76,7 +76,7 @@ def who(identity: common_pb2.Identity) -> str:
     return f"{identity.name} (agent of {identity.on_behalf_of})" if identity.on_behalf_of else identity.name
 
 
-def priority(value: int) -> str:
+def priority(value: common_pb2.Priority.ValueType) -> str:
     return common_pb2.Priority.Name(value).removeprefix("PRIORITY_").lower()
 
 

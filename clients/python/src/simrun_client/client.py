@@ -30,10 +30,10 @@ FINAL_RUN_STATES = frozenset(
 _UNREACHABLE_MARKERS = ("failed to connect", "connection refused", "dns resolution failed", "name resolution")
 
 
-def run_state(name: str | int) -> int:
+def run_state(name: str | int) -> common_pb2.RunState.ValueType:
     """A `RunState` value from its number, its full name (`RUN_STATE_RUNNING`) or its short one (`running`)."""
     if isinstance(name, int):
-        return name
+        return common_pb2.RunState.ValueType(name)
     full = name.upper().replace("-", "_")
     full = full if full.startswith("RUN_STATE_") else f"RUN_STATE_{full}"
     try:

@@ -128,14 +128,14 @@ def _build(
         if not record:
             continue
         meta, _, raw_path = record.partition(b"\t")
-        mode, oid, stage = meta.decode().split(" ")
+        git_mode, git_oid, stage = meta.decode().split(" ")
         path = _relative(raw_path, prefix)
-        if mode == _GITLINK or path in status.deleted:
+        if git_mode == _GITLINK or path in status.deleted:
             continue
         if stage != "0" or path in status.modified:
             work.append((path, None, None))
         else:
-            work.append((path, mode, oid))
+            work.append((path, git_mode, git_oid))
     work.extend((path, None, None) for path in status.untracked)
 
     entries: dict[str, FileEntry] = {}

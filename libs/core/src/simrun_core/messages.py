@@ -14,8 +14,8 @@ PRIORITY_TO_PROTO = {
     Priority.STANDARD: common_pb2.PRIORITY_STANDARD,
     Priority.AGENT: common_pb2.PRIORITY_AGENT,
 }
-_PRIORITY_FROM_PROTO = {value: priority for priority, value in PRIORITY_TO_PROTO.items()}
-_MODE_FROM_PROTO = {
+_PRIORITY_FROM_PROTO: dict[int, Priority] = {value: priority for priority, value in PRIORITY_TO_PROTO.items()}
+_MODE_FROM_PROTO: dict[int, SplitMode] = {
     common_pb2.SPLIT_MODE_FASTEST: SplitMode.FASTEST,
     common_pb2.SPLIT_MODE_SINGLE_SERVER: SplitMode.SINGLE_SERVER,
 }

@@ -219,7 +219,7 @@ class Ledger:
     def release_stale(self, grace_s: float, exclude: str, now: float | None = None) -> list[tuple[int, str]]:
         """Releases the claims of every other worker whose heartbeat is older than the grace period plus a
         minute (or missing): they died without releasing them. Returns the released (unit, worker) pairs."""
-        released = []
+        released: list[tuple[int, str]] = []
         for worker, indices in self.claims().items():
             if worker == exclude:
                 continue

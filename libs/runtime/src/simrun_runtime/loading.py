@@ -117,7 +117,7 @@ def describe_type(
         cost_setting=cls.cost_setting,
         cacheable=bool(getattr(cls, "cacheable", True)),
         settings_schema=cls.Settings.model_json_schema(),
-        command=list(cls.command) if isinstance(task_type, UnsplitTaskType) and cls.command else None,
+        command=list(task_type.command) if isinstance(task_type, UnsplitTaskType) and task_type.command else None,
         doc=(cls.__doc__ or "").strip(),
     )
     if settings is None:

@@ -352,7 +352,7 @@ def run_in_child(fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], Non
     child.close()
     message: tuple[str, Any] | None = None
     while True:
-        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper], timeout=1.0)
+        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper.fileno()], timeout=1.0)
         if stopper.stopping:
             process.kill()
             process.join()

@@ -40,7 +40,7 @@ class ObservationStore:
         # The gRPC server calls from a pool of threads; each call opens its own session. The store may sit on
         # NFS, where SQLite's WAL does not work, so the default rollback journal stays with a busy timeout.
         self._engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": 30})
-        SQLModel.metadata.create_all(self._engine, tables=[ObservationRow.__table__])  # type: ignore[list-item]
+        SQLModel.metadata.create_all(self._engine, tables=[SQLModel.metadata.tables[ObservationRow.__tablename__]])
 
     def add(self, observation: Observation) -> Observation:
         """Stores an observation; returns it with its id and time (now, unless it has one)."""

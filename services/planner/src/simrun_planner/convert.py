@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from simrun.v1 import common_pb2
@@ -32,9 +33,9 @@ def node_from_proto(message: common_pb2.Node) -> Node:
     )
 
 
-def nodes_from_proto(messages: list[common_pb2.Node] | object) -> list[Node]:
+def nodes_from_proto(messages: Iterable[common_pb2.Node]) -> list[Node]:
     """The nodes of a request."""
-    return [node_from_proto(m) for m in messages]  # type: ignore[attr-defined]
+    return [node_from_proto(m) for m in messages]
 
 
 def max_processes_from_proto(value: int) -> int | None:

@@ -47,7 +47,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
         self, request: snapshot_pb2.ListSnapshotsRequest, context: grpc.ServicerContext
     ) -> snapshot_pb2.ListSnapshotsResponse:
         snapshots, next_token = page(
-            self._store.list(request.name),
+            self._store.list_snapshots(request.name),
             request.page_size,
             request.page_token,
             f"snapshots:{request.name}",

@@ -119,7 +119,7 @@ class SnapshotStore:
             raise NotFound(f"no snapshot {snapshot_id} of {name!r} in the store")
         return snapshot
 
-    def list(self, name: str) -> list[Snapshot]:
+    def list_snapshots(self, name: str) -> list[Snapshot]:
         """The snapshots of a name, newest first; empty for a name never snapshotted."""
         validate_name(name)
         folder = self.layout.snapshot_name(name)
@@ -354,7 +354,7 @@ class SnapshotStore:
 
     def _all_contents(self, name: str) -> _Contents:
         contents = _Contents()
-        for snapshot in self.list(name):
+        for snapshot in self.list_snapshots(name):
             self._contents(name, snapshot.snapshot_id, contents)
         return contents
 

@@ -92,8 +92,8 @@ class RunIndex:
         if tables.has_table(RunRow.__tablename__):
             have = {c["name"] for c in tables.get_columns(RunRow.__tablename__)}
             if have != set(RunRow.model_fields):
-                SQLModel.metadata.drop_all(self._engine, tables=[RunRow.__table__])  # type: ignore[list-item]
-        SQLModel.metadata.create_all(self._engine, tables=[RunRow.__table__])  # type: ignore[list-item]
+                SQLModel.metadata.drop_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
+        SQLModel.metadata.create_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
 
     def rebuild(self, store: StoreLayout) -> list[RunRecord]:
         """Empties the index and fills it from every `runs/<id>/run.json`; returns the records read."""

@@ -77,7 +77,7 @@ class RunReader:
     def get(self, run_id: str) -> RunRecord:
         return self.runs.get(run_id)
 
-    def list(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
+    def list_runs(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
         """Run ids newest first, filtered by group, state and owner (person or agent)."""
         if state and state not in {s.value for s in RunState}:
             raise InvalidArgument(f"unknown state {state!r}: one of {', '.join(s.value for s in RunState)}")
@@ -217,7 +217,7 @@ class RunReader:
         if not run_ids:
             if not group:
                 raise InvalidArgument("compare needs run ids or a group")
-            run_ids = list(reversed(self.list(group=group)))
+            run_ids = list(reversed(self.list_runs(group=group)))
             if not run_ids:
                 raise NotFound(f"no runs in group {group!r}")
         flat: list[dict[tuple[str, str], str]] = []

@@ -390,8 +390,8 @@ class RunTracker:
     def get(self, run_id: str) -> RunRecord:
         return self.reader.get(run_id)
 
-    def list(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
-        return self.reader.list(group, state, owner)
+    def list_runs(self, group: str = "", state: str = "", owner: str = "") -> list[str]:
+        return self.reader.list_runs(group, state, owner)
 
     def page(self, group: str, state: str, owner: str, page_size: int, page_token: str) -> tuple[list[RunRecord], str]:
         return self.reader.page(group, state, owner, page_size, page_token)

@@ -93,16 +93,16 @@ def decide(nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[W
     free: dict[str, list[float]] = {n.name: [n.cores, n.memory_gb] for n in nodes}
     stopping: dict[str, list[float]] = {n.name: [0.0, 0.0] for n in nodes}
     candidates: dict[str, list[Placed]] = {n.name: [] for n in nodes}
-    for pod in running:
-        if pod.node not in free:
+    for placed in running:
+        if placed.node not in free:
             continue
-        free[pod.node][0] -= pod.cores
-        free[pod.node][1] -= pod.memory_gb
-        if pod.terminating:
-            stopping[pod.node][0] += pod.cores
-            stopping[pod.node][1] += pod.memory_gb
+        free[placed.node][0] -= placed.cores
+        free[placed.node][1] -= placed.memory_gb
+        if placed.terminating:
+            stopping[placed.node][0] += placed.cores
+            stopping[placed.node][1] += placed.memory_gb
         else:
-            candidates[pod.node].append(pod)
+            candidates[placed.node].append(placed)
     blocked: set[str] = set()
 
     for pod in sorted(pending, key=queue_order):
