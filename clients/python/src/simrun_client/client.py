@@ -43,7 +43,7 @@ def run_state(name: str | int) -> common_pb2.RunState.ValueType:
         raise InvalidArgument(f"unknown run state {name!r}; one of {names}") from None
 
 
-def reuse_policy(name: str | None) -> int:
+def reuse_policy(name: str | None) -> common_pb2.ReusePolicy.ValueType:
     """A `ReusePolicy` value from `never`, `same-run` or `any` (None or empty: the default, any)."""
     if not name:
         return common_pb2.REUSE_POLICY_UNSPECIFIED

@@ -472,7 +472,11 @@ class Driver:
             span.end()
         else:
             self._record_span(
-                record, f"task {task.task_id}", task.started_at or task.ended_at, task.ended_at, **attributes
+                record,
+                f"task {task.task_id}",
+                task.started_at or task.ended_at or datetime.now(UTC),
+                task.ended_at,
+                **attributes,
             )
 
     def _finish(self, record: RunRecord, state: RunState, message: str) -> None:

@@ -36,7 +36,7 @@ class RunStore:
         self._run_locks: dict[str, threading.Lock] = {}
         self._listeners: list[Callable[[str], None]] = []
 
-    def load(self, every: Callable[[list[RunRecord]], None] | None = None) -> list[RunRecord]:
+    def load(self, every: Callable[[list[RunRecord]], object] | None = None) -> list[RunRecord]:
         """Rebuilds the index from every record and returns the active runs (the ones not final); `every` is
         given all the records read (the task key index is rebuilt from them too)."""
         records = self.index.rebuild(self.layout)
