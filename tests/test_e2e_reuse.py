@@ -136,8 +136,11 @@ def test_an_edited_file_reuses_nothing(start_server, client_for, e2e_model):
     (e2e_model / "e2etasks" / "tasks.py").write_text(
         (e2e_model / "e2etasks" / "tasks.py").read_text() + "\n# an edit\n"
     )
-    second = client.submit(workflow)
-    final = wait_final(client, second.run_id)
+    # `simrun resume` snapshots the edited tree: every key changes, nothing is reused.
+    options = ["--endpoint", server.address, "--token", TOKENS["person"]]
+    resumed = CliRunner().invoke(cli, ["resume", first.run_id, "--model", str(e2e_model), "--json", *options])
+    assert resumed.exit_code == 0, resumed.output
+    final = wait_final(client, json.loads(resumed.output)["run_id"])
     assert final.state == common_pb2.RUN_STATE_SUCCEEDED
     assert not any(t.HasField("reused_from") for t in final.tasks)
     assert all(t.key != task(first, t.task_id).key for t in final.tasks)
