@@ -119,9 +119,10 @@ def main() -> None:
             modes.append(Mode(name, folder, server_telemetry, client_telemetry))
         try:
             medians: dict[tuple[str, str], list[float]] = {}
-            for _ in range(args.rounds):
+            for round_ in range(args.rounds):
                 for method in ("SubmitRun", "GetRun"):
-                    for mode in modes:
+                    # Each round starts with another mode, so a drift of the machine's load favours none.
+                    for mode in modes[round_ % len(modes) :] + modes[: round_ % len(modes)]:
                         medians.setdefault((method, mode.name), []).append(
                             round_median(mode.calls()[method], args.calls)
                         )

@@ -57,7 +57,9 @@ class KeyIndex:
         self._store = store
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        # A cache rebuilt at start needs no durability: a rollback journal without fsync (WAL fails on NFS).
         self._db.execute("PRAGMA journal_mode=DELETE")
+        self._db.execute("PRAGMA synchronous=OFF")
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
