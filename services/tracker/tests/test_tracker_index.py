@@ -70,7 +70,7 @@ def test_rebuild_reads_every_record_into_rows(store: StoreLayout, index: RunInde
     records = index.rebuild(store)
 
     assert sorted(r.run_id for r in records) == ["r1", "r2"]
-    r2, r1 = index.list()
+    r2, r1 = index.rows()
     assert (r1.owner, r1.agent, r1.group, r1.workflow, r1.state) == ("alice", None, "paper", "wf-r1", "succeeded")
     assert (r2.owner, r2.agent, r2.group) == ("bob", "bob-agent", "default")
     assert json.loads(r1.summary) == {"scan": {"points": 8}}
@@ -81,7 +81,7 @@ def test_rebuild_reads_every_record_into_rows(store: StoreLayout, index: RunInde
 
 def test_an_empty_store_gives_an_empty_index(store: StoreLayout, index: RunIndex) -> None:
     assert index.rebuild(store) == []
-    assert index.list() == []
+    assert index.rows() == []
 
 
 def test_list_is_newest_first(store: StoreLayout, index: RunIndex) -> None:
@@ -89,7 +89,7 @@ def test_list_is_newest_first(store: StoreLayout, index: RunIndex) -> None:
     save(store, "a", ALICE, 3)
     save(store, "c", ALICE, 1)
     index.rebuild(store)
-    assert ids(index.list()) == ["a", "b", "c"]
+    assert ids(index.rows()) == ["a", "b", "c"]
 
 
 def test_filters(store: StoreLayout, index: RunIndex) -> None:
@@ -98,14 +98,14 @@ def test_filters(store: StoreLayout, index: RunIndex) -> None:
     save(store, "r3", BOB_AGENT, 3, group="scratch")
     save(store, "r4", BOB_AGENT, 4, group="paper", state=RunState.FAILED)
     index.rebuild(store)
-    assert ids(index.list(group="paper")) == ["r4", "r2", "r1"]
-    assert ids(index.list(state="running")) == ["r3", "r2"]
-    assert ids(index.list(owner="alice")) == ["r1"]
+    assert ids(index.rows(group="paper")) == ["r4", "r2", "r1"]
+    assert ids(index.rows(state="running")) == ["r3", "r2"]
+    assert ids(index.rows(owner="alice")) == ["r1"]
     # The person matches the runs of their agent; the agent only its own.
-    assert ids(index.list(owner="bob")) == ["r4", "r3", "r2"]
-    assert ids(index.list(owner="bob-agent")) == ["r4", "r3"]
-    assert ids(index.list(group="paper", state="running", owner="bob")) == ["r2"]
-    assert index.list(group="nope") == []
+    assert ids(index.rows(owner="bob")) == ["r4", "r3", "r2"]
+    assert ids(index.rows(owner="bob-agent")) == ["r4", "r3"]
+    assert ids(index.rows(group="paper", state="running", owner="bob")) == ["r2"]
+    assert index.rows(group="nope") == []
 
 
 def test_rebuild_replaces_the_old_rows(store: StoreLayout, index: RunIndex) -> None:
@@ -116,7 +116,7 @@ def test_rebuild_replaces_the_old_rows(store: StoreLayout, index: RunIndex) -> N
     save(store, "r2", BOB, 2, state=RunState.CANCELLED)
     save(store, "r3", BOB, 3)
     index.rebuild(store)
-    assert [(row.run_id, row.state) for row in index.list()] == [("r3", "running"), ("r2", "cancelled")]
+    assert [(row.run_id, row.state) for row in index.rows()] == [("r3", "running"), ("r2", "cancelled")]
 
 
 def test_put_adds_or_replaces_a_row(store: StoreLayout, index: RunIndex) -> None:
@@ -124,7 +124,7 @@ def test_put_adds_or_replaces_a_row(store: StoreLayout, index: RunIndex) -> None
     index.put(row_from_record(record, {}))
     record.state = RunState.SUCCEEDED
     index.put(row_from_record(record, {"scan": {"points": 1}}))
-    (row,) = index.list()
+    (row,) = index.rows()
     assert (row.run_id, row.state, json.loads(row.summary)) == ("r1", "succeeded", {"scan": {"points": 1}})
 
 
@@ -136,7 +136,7 @@ def test_the_index_survives_a_reopen(tmp_path: Path, store: StoreLayout) -> None
     first.close()
     second = RunIndex(path)
     try:
-        assert ids(second.list()) == ["r1"]
+        assert ids(second.rows()) == ["r1"]
     finally:
         second.close()
 
@@ -146,7 +146,7 @@ def test_rebuild_skips_a_run_left_in_staging(store: StoreLayout, index: RunIndex
     save(store, "r2", ALICE, 1)
     store.run("r2").root.rename(store.run_staging("r2").root)  # a submission that stopped before its rename
     assert [r.run_id for r in index.rebuild(store)] == ["r1"]
-    assert ids(index.list()) == ["r1"]
+    assert ids(index.rows()) == ["r1"]
 
 
 def test_pages_follow_the_last_row_of_the_one_before_ties_included(store: StoreLayout, tmp_path: Path) -> None:
@@ -169,7 +169,7 @@ def test_pages_follow_the_last_row_of_the_one_before_ties_included(store: StoreL
             pages += 1
             if not token:
                 break
-        assert pages == 4 and seen == ids(runs.index.list()) and len(set(seen)) == 23
+        assert pages == 4 and seen == ids(runs.index.rows()) and len(set(seen)) == 23
         bobs, _ = reader.page("", "", "bob", 100, "")
         assert {r.identity.name for r in bobs} == {"bob"} and len(bobs) == 11
         _, bob_token = reader.page("", "", "bob", 2, "")

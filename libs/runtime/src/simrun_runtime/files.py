@@ -9,21 +9,26 @@ from pathlib import Path
 from typing import Any
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Writes `data` to a temporary file beside `path`, flushes it, and renames it over `path`."""
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Writes `data` to a temporary file beside `path`, flushes it, and renames it over `path`.
+
+    `durable=False` skips the fsync: the file is still whole or absent to every reader and across a crash of the
+    writer, but a power cut may lose the new version (for state that is recomputed anyway).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     # Unique per process and thread: two threads of a server may write the same file at once.
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True) -> None:
+def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True, durable: bool = True) -> None:
     """Writes `data` as indented JSON, atomically; keys sorted unless their order means something."""
-    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode())
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode(), durable=durable)
 
 
 def read_json(path: Path) -> Any:

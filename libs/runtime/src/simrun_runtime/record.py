@@ -150,10 +150,11 @@ class RunRecord(BaseModel):
         """The root of the model's snapshot, first on `sys.path` of every task."""
         return self.snapshots[0].resolve(store) if self.snapshots else None
 
-    def save(self, run: RunLayout) -> None:
+    def save(self, run: RunLayout, *, durable: bool = True) -> None:
+        """Writes `run.json` atomically; `durable=False` skips its fsync (see `write_bytes_atomic`)."""
         self.updated_at = utcnow()
         # Unsorted: the order of `tasks` is the order they run.
-        write_json_atomic(run.record, self.model_dump(mode="json"), sort_keys=False)
+        write_json_atomic(run.record, self.model_dump(mode="json"), sort_keys=False, durable=durable)
 
     @classmethod
     def load(cls, run: RunLayout) -> RunRecord:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from simrun_runtime.files import read_json
 from simrun_runtime.layout import StoreLayout
@@ -73,6 +74,17 @@ def task_summaries(store: StoreLayout, record: RunRecord) -> dict[str, object]:
     return summaries
 
 
+def _filtered(query: Any, group: str, state: str, owner: str) -> Any:
+    """A query of runs with the filters of a listing, newest first."""
+    if group:
+        query = query.where(RunRow.group == group)
+    if state:
+        query = query.where(RunRow.state == state)
+    if owner:
+        query = query.where((RunRow.owner == owner) | (RunRow.agent == owner))
+    return query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
+
+
 class RunIndex:
     """Lists and filters runs without reading every record; the records stay the source of truth."""
 
@@ -117,39 +129,25 @@ class RunIndex:
             session.merge(row)
             session.commit()
 
-    def list(
-        self,
-        group: str = "",
-        state: str = "",
-        owner: str = "",
-        *,
-        after: tuple[datetime, str] | None = None,
-        limit: int | None = None,
-    ) -> list[RunRow]:
-        """Runs newest first, filtered; `owner` matches the person or the agent.
+    def rows(self, group: str = "", state: str = "", owner: str = "") -> list[RunRow]:
+        """Runs newest first, filtered; `owner` matches the person or the agent."""
+        with Session(self._engine) as session:
+            return list(session.exec(_filtered(select(RunRow), group, state, owner)))
 
-        Args:
-            after: the (created_at, run_id) of the last row of the previous page: the page starts after it.
-            limit: at most this many rows.
-        """
-        query = select(RunRow)
-        if group:
-            query = query.where(RunRow.group == group)
-        if state:
-            query = query.where(RunRow.state == state)
-        if owner:
-            query = query.where((RunRow.owner == owner) | (RunRow.agent == owner))
+    def page(
+        self, group: str, state: str, owner: str, after: tuple[datetime, str] | None, limit: int
+    ) -> list[tuple[str, datetime]]:
+        """(run id, created) of at most `limit` runs newest first, after the (created, run id) of a page's last row:
+        keyset paging reads the rows of its page only."""
+        query = _filtered(select(RunRow.run_id, RunRow.created_at), group, state, owner)
         if after is not None:
             created, run_id = after
             query = query.where(
                 (col(RunRow.created_at) < created)
                 | ((col(RunRow.created_at) == created) & (col(RunRow.run_id) < run_id))
             )
-        query = query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
-        if limit is not None:
-            query = query.limit(limit)
         with Session(self._engine) as session:
-            return list(session.exec(query))
+            return [(run_id, created) for run_id, created in session.exec(query.limit(limit))]
 
     def find_request(self, submitter: str, request_id: str) -> str | None:
         """The run an identity submitted with a request id, if any: a retried submission returns it."""

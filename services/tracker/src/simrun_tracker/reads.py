@@ -81,7 +81,7 @@ class RunReader:
         """Run ids newest first, filtered by group, state and owner (person or agent)."""
         if state and state not in {s.value for s in RunState}:
             raise InvalidArgument(f"unknown state {state!r}: one of {', '.join(s.value for s in RunState)}")
-        return [row.run_id for row in self.runs.index.list(group, state, owner)]
+        return [row.run_id for row in self.runs.index.rows(group, state, owner)]
 
     def page(self, group: str, state: str, owner: str, requested_size: int, token: str) -> tuple[list[RunRecord], str]:
         """One page of runs, newest first, and the token of the next (empty at the end): keyset paging, so a page
@@ -97,16 +97,17 @@ class RunReader:
                 after = (datetime.fromisoformat(key[0]), key[1])
             except (ValueError, IndexError) as exc:
                 raise InvalidArgument("bad page_token: pass the next_page_token of the previous page") from exc
-        rows = self.runs.index.list(group, state, owner, after=after, limit=size + 1)
+        rows = self.runs.index.page(group, state, owner, after, size + 1)
         records = []
-        for row in rows[:size]:
+        for run_id, _ in rows[:size]:
             try:
-                records.append(self.get(row.run_id))
+                records.append(self.get(run_id))
             except NotFound:
                 continue  # removed from the store since the index was built
-        more = len(rows) > size
-        last = rows[size - 1] if more else None
-        return records, encode_key_token([last.created_at.isoformat(), last.run_id], scope) if last else ""
+        if len(rows) <= size:
+            return records, ""
+        last_id, last_created = rows[size - 1]
+        return records, encode_key_token([last_created.isoformat(), last_id], scope)
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
         """Units done per task, from each task's `progress.jsonl`, read on from where the last call stopped."""

@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from simrun_runtime.layout import RunLayout, StoreLayout
 from simrun_runtime.record import RunRecord
 
 from simrun_tracker.index import RunIndex, row_from_record, task_summaries
+
+FINAL_RECORDS_KEPT = 8192
+"""Final records kept in memory: a final run's record never changes, so listing it again reads no file."""
 
 
 class RunStore:
@@ -34,6 +38,7 @@ class RunStore:
         self._active: dict[str, RunRecord] = {}
         self._versions: dict[str, int] = {}
         self._run_locks: dict[str, threading.Lock] = {}
+        self._final: OrderedDict[str, RunRecord] = OrderedDict()
         self._listeners: list[Callable[[str], None]] = []
 
     def load(self, every: Callable[[list[RunRecord]], object] | None = None) -> list[RunRecord]:
@@ -44,6 +49,11 @@ class RunStore:
             every(records)
         active = [r for r in records if not r.state.final]
         with self._lock:
+            # The newest final runs are the ones listed first: keep them, read once already.
+            for record in sorted((r for r in records if r.state.final), key=lambda r: r.created_at)[
+                -FINAL_RECORDS_KEPT:
+            ]:
+                self._keep_final(record)
             for record in active:
                 self._active[record.run_id] = record
                 self._versions.setdefault(record.run_id, 1)
@@ -73,9 +83,14 @@ class RunStore:
         self._publish(record)
         return record.model_copy(deep=True)
 
-    def save(self, record: RunRecord) -> None:
-        """Writes a run's record and its index row, then publishes it to readers and watchers."""
-        record.save(self.layout.run(record.run_id))
+    def save(self, record: RunRecord, *, durable: bool | None = None) -> None:
+        """Writes a run's record and its index row, then publishes it to readers and watchers.
+
+        A final state, a new run and a request (cancellation) are written durably; the driver's intermediate
+        steps are not fsynced: each step is level-triggered, so one lost to a power cut is taken again from what
+        the executor observes.
+        """
+        record.save(self.layout.run(record.run_id), durable=record.state.final if durable is None else durable)
         summaries = task_summaries(self.layout, record) if record.state.final else {}
         self.index.put(row_from_record(record, summaries))
         self._publish(record)
@@ -85,6 +100,7 @@ class RunStore:
         with self._changed:
             if copy.state.final:
                 self._active.pop(copy.run_id, None)
+                self._keep_final(copy)
             else:
                 self._active[copy.run_id] = copy
             self._versions[copy.run_id] = self._versions.get(copy.run_id, 0) + 1
@@ -99,7 +115,8 @@ class RunStore:
             return list(self._active)
 
     def get(self, run_id: str) -> RunRecord:
-        """A copy of a run's record: the active copy, else the record on disk.
+        """A run's record: a copy of the active one (the caller may change it), else the final one (shared: read it
+        only), else the record on disk.
 
         Raises:
             NotFound: no such run (or an id that is not one).
@@ -108,10 +125,24 @@ class RunStore:
             record = self._active.get(run_id)
             if record is not None:
                 return record.model_copy(deep=True)
+            final = self._final.get(run_id)
+            if final is not None:
+                # A final record never changes again and nobody writes a final run: it is shared, not copied.
+                return final
         layout = self.layout.run(run_id)
         if not valid_run_id(run_id) or not layout.record.is_file():
             raise NotFound(f"no run {run_id!r}: `simrun list` shows the runs")
-        return RunRecord.load(layout)
+        record = RunRecord.load(layout)
+        if record.state.final:
+            with self._lock:
+                self._keep_final(record)
+        return record
+
+    def _keep_final(self, record: RunRecord) -> None:
+        self._final[record.run_id] = record
+        self._final.move_to_end(record.run_id)
+        while len(self._final) > FINAL_RECORDS_KEPT:
+            self._final.popitem(last=False)
 
     def version(self, run_id: str) -> int:
         with self._lock:

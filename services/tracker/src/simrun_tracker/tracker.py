@@ -370,7 +370,7 @@ class RunTracker:
                 raise FailedPrecondition(f"run {run_id} has ended already ({record.state.value})")
             record.cancel_requested = True
             record.message = f"{CANCELLED_BY}{identity.name}"
-            self.runs.save(record)
+            self.runs.save(record, durable=True)
             version = self.runs.version(run_id)
         deadline = threading.Event()
         timer = threading.Timer(CANCEL_WAIT_S, deadline.set)

@@ -135,6 +135,9 @@ class LocalExecutor:
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._halt = threading.Event()
+        self._admission_due = True
+        """Something admission depends on changed (a pod came, went or ended; a reservation); pending pods are
+        considered again only then, so a long queue costs nothing while nothing changes."""
         self._closed = False
         self._next_watchdog = 0.0
         self._thread = threading.Thread(target=self._loop, name=f"simrun-local-{self.executor_id}", daemon=True)
@@ -191,7 +194,7 @@ class LocalExecutor:
                 )
                 self._pods[spec.pod_id] = _Pod(spec, status, priorities[spec.pod_id], self._next_seq())
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
-        self._wake.set()
+        self._poke()
 
     def start_run(self, run: RunSpec) -> None:
         raise FailedPrecondition("the local executor starts a run's tasks one by one (start_pods), not a whole run")
@@ -238,7 +241,7 @@ class LocalExecutor:
                 pod = self._pods[pod_id]
                 if task_id is None or pod.spec.task_id == task_id:
                     self._stop(pod)
-        self._wake.set()
+        self._poke()
 
     def reserve(self, node: str, run_id: str) -> None:
         with self._lock:
@@ -252,13 +255,13 @@ class LocalExecutor:
             for pod in self._pods.values():
                 if pod.status.phase is PodPhase.RUNNING and pod.status.node == node and pod.spec.run_id != run_id:
                     self._terminate(pod, "evicted")
-        self._wake.set()
+        self._poke()
 
     def release(self, run_id: str) -> None:
         with self._lock:
             for node in [n for n, holder in self._reservations.items() if holder == run_id]:
                 del self._reservations[node]
-        self._wake.set()
+        self._poke()
 
     def close(self) -> None:
         """Stops this machine's pods with the executor (its own choice: processes cannot outlive their parent's
@@ -270,7 +273,7 @@ class LocalExecutor:
             for pod in self._pods.values():
                 self._stop(pod)
             grace = max((p.spec.grace_s for p in self._pods.values() if p.process is not None), default=0.0)
-        self._wake.set()
+        self._poke()
         deadline = time.monotonic() + grace + 5.0
         while time.monotonic() < deadline:
             with self._lock:
@@ -278,7 +281,7 @@ class LocalExecutor:
                     break
             time.sleep(self._poll_s / 2)
         self._halt.set()
-        self._wake.set()
+        self._poke()
         self._thread.join()
         with self._lock:
             for pod in self._pods.values():
@@ -289,6 +292,10 @@ class LocalExecutor:
                 self._cgroups.close()
 
     # The scheduler thread.
+
+    def _poke(self) -> None:
+        self._admission_due = True
+        self._wake.set()
 
     def _loop(self) -> None:
         while not self._halt.is_set():
@@ -314,7 +321,8 @@ class LocalExecutor:
         if now >= self._next_watchdog:
             self._next_watchdog = now + WATCHDOG_INTERVAL_S
             self._watchdog()
-        if not self._closed:
+        if not self._closed and self._admission_due:
+            self._admission_due = False
             self._admit()
 
     def _admit(self) -> None:
@@ -430,6 +438,7 @@ class LocalExecutor:
     def _exited(self, pod: _Pod, returncode: int) -> None:
         """Records an exit and decides what follows, as Argo's retry strategy and Kueue's requeueing would."""
         assert pod.process is not None
+        self._admission_due = True
         status = pod.status
         # Popen reports a signal N as -N; a container's exit code is 128 + N.
         code = 128 - returncode if returncode < 0 else returncode

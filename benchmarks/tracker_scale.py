@@ -1,0 +1,213 @@
+"""The tracker as runs pile up: listing every page, submitting under concurrency, idling with a queue.
+
+1. ListRuns, every page of 50, through a real gRPC server, at 1,000 / 5,000 / 20,000 recorded runs, beside one
+   GetIdentity round trip per page (the floor of a call). Goal: linear in the runs, under 1 s at 5,000.
+2. SubmitRun latency (p50, p99) and submissions per second with 1 and 10 concurrent clients, the driver on.
+   Goal: p99 under 100 ms at 10 clients.
+3. The tracker's CPU (driver, local executor) over an idle period with 0 and with 1,000 queued runs, their pods
+   waiting for the one node, which an owner's pod holds. Goal: both under 2% of one core.
+
+    uv run --frozen python benchmarks/tracker_scale.py [--sizes 1000,5000,20000] [--idle-s 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_submit import TOKEN, config, model_repo, percentile
+from simrun.v1 import gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
+from simrun_client.client import Client
+from simrun_client.snapshots import upload_snapshot
+from simrun_core.identity import Priority
+from simrun_core.resources import ResolvedResources, SplitMode
+from simrun_core.rpc.auth import bearer_metadata
+from simrun_gateway.embedded import start_embedded
+from simrun_planner import Node, plan_task
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord
+from simrun_snapshot.convert import snapshot_to_proto
+from simrun_tracker.describer import SubprocessDescriber
+from simrun_tracker.executor import PodRole, PodSpec
+from simrun_tracker.local import LocalExecutor
+from simrun_tracker.ports import ServerEnvironments
+from simrun_tracker.tracker import RunTracker
+
+
+def seed(store: StoreLayout, count: int, state: RunState, priority: Priority = Priority.OWNER) -> None:
+    """`count` run records written straight into the store (the server's start indexes them)."""
+    plan = plan_task(
+        SimpleNamespace(id="fit"),
+        SimpleNamespace(name="e2etasks.tasks:Slow", split=False),
+        ResolvedResources(base_memory_gb=0.5, per_worker_gb=0.5),
+        [Node("node-a", cores=2, memory_gb=8)],
+        SplitMode.SINGLE_SERVER,
+        priority,
+        None,
+        run_id="r",
+    )
+    identity = Identity(name="bench", kind="owner", priority=priority.value)
+    for index in range(count):
+        task = TaskRecord(task_id="fit", type="e2etasks.tasks:Slow", plan=dataclasses.asdict(plan))
+        record = RunRecord(
+            run_id=f"seed-{index:06d}", identity=identity, tasks={"fit": task}, environment="default", state=state
+        )
+        record.save(store.run(record.run_id))
+
+
+def list_all(root: Path, count: int) -> tuple[float, float, int]:
+    cfg = config(root, cores=2)
+    seed(StoreLayout(cfg.store), count, RunState.SUCCEEDED)
+    server = start_embedded(cfg, drive_runs=False)
+    try:
+        with Client(server.address, TOKEN) as client:
+            stub = tracker_pb2_grpc.RunTrackerServiceStub(client.channel)
+            gateway = gateway_pb2_grpc.GatewayServiceStub(client.channel)
+            metadata = bearer_metadata(TOKEN)
+            start = time.perf_counter()
+            token, pages, seen = "", 0, 0
+            while True:
+                response = stub.ListRuns(tracker_pb2.ListRunsRequest(page_token=token), metadata=metadata)
+                seen += len(response.runs)
+                pages += 1
+                token = response.next_page_token
+                if not token:
+                    break
+            listing = time.perf_counter() - start
+            assert seen == count, (seen, count)
+            start = time.perf_counter()
+            for _ in range(pages):
+                gateway.GetIdentity(gateway_pb2.GetIdentityRequest(), metadata=metadata)
+            floor = time.perf_counter() - start
+        return listing, floor, pages
+    finally:
+        server.stop()
+
+
+def submit_concurrently(root: Path, clients: int, per_client: int) -> tuple[float, float, float]:
+    server = start_embedded(config(root, cores=2))
+    try:
+        model = model_repo(root / "model")
+        with Client(server.address, TOKEN) as client:
+            snapshot = snapshot_to_proto(upload_snapshot(model, client.channel).snapshot)
+        workflow = "tasks:\n  scan:\n    type: e2etasks.tasks:Slow\n    settings: {units: 2, seconds: 0.01}\n"
+        request = tracker_pb2.SubmitRunRequest(workflow=workflow, snapshots=[snapshot])
+        latencies: list[float] = []
+        lock = threading.Lock()
+
+        def submitter() -> None:
+            with Client(server.address, TOKEN) as mine:
+                stub = tracker_pb2_grpc.RunTrackerServiceStub(mine.channel)
+                stub.SubmitRun(request, metadata=bearer_metadata(TOKEN))  # warm: the describer starts once
+                for _ in range(per_client):
+                    start = time.perf_counter()
+                    stub.SubmitRun(request, metadata=bearer_metadata(TOKEN))
+                    with lock:
+                        latencies.append(time.perf_counter() - start)
+
+        threads = [threading.Thread(target=submitter) for _ in range(clients)]
+        began = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - began
+        return statistics.median(latencies), percentile(latencies, 0.99), len(latencies) / elapsed
+    finally:
+        server.stop()
+
+
+def idle_with_queue(root: Path, queued: int, seconds: float, settle_s: float = 10.0) -> float:
+    """The tracker's CPU (driver, local executor, read side) with `queued` runs whose pods wait for the one node,
+    which an owner's pod holds; they are of lower priority, so they wait and nothing changes."""
+    store = StoreLayout(root / "store")
+    seed(store, queued, RunState.QUEUED, priority=Priority.AGENT)
+    node = Node("node-a", cores=2, memory_gb=8)
+
+    def launch(spec: PodSpec) -> list[str]:
+        return ["sleep", "600"] if spec.run_id == "blocker" else [sys.executable, "-c", "pass"]
+
+    executor = LocalExecutor(store.root, launch, [node])  # memory cgroups where the machine has them, as a server
+    blocker = PodSpec(
+        run_id="blocker",
+        task_id="hold",
+        worker="w0",
+        role=PodRole.EXECUTE,
+        environment_id="default",
+        contract={},
+        cores=2,
+        memory_gb=1,
+        processes=1,
+        retry_memory_gb=1.5,
+        priority_class="simrun-owner-base",
+    )
+    executor.start_pods([blocker])
+    environments = ServerEnvironments()
+    tracker = RunTracker(store, executor, NoLearner(), SubprocessDescriber(), environments, environments).start()
+    try:
+        deadline = time.monotonic() + 120
+        while sum(len(executor.pods(f"seed-{i:06d}")) for i in range(queued)) < queued:
+            assert time.monotonic() < deadline, "the driver did not queue every run's pod"
+            time.sleep(0.5)
+        time.sleep(settle_s)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.monotonic()
+        time.sleep(seconds)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return 100.0 * used / (time.monotonic() - start)
+    finally:
+        tracker.close()
+
+
+class NoLearner:
+    def resolve(self, key: object, hint: ResolvedResources) -> ResolvedResources:
+        return hint
+
+    def record_reports(self, record: object, task_id: str, succeeded: bool) -> int:
+        return 0
+
+    def estimate(self, *args: object) -> float | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1000,5000,20000")
+    parser.add_argument("--per-client", type=int, default=40)
+    parser.add_argument("--idle-s", type=float, default=20.0)
+    args = parser.parse_args()
+    print("ListRuns, every page of 50:")
+    for size in (int(s) for s in args.sizes.split(",")):
+        with tempfile.TemporaryDirectory() as tmp:
+            listing, floor, pages = list_all(Path(tmp), size)
+        print(
+            f"  {size:6d} runs: {listing:6.2f} s for {pages} pages ({listing / pages * 1e3:5.2f} ms a page); "
+            f"GetIdentity x{pages}: {floor:5.2f} s; ratio {listing / floor:5.1f}"
+        )
+    print("SubmitRun with the driver on:")
+    for clients in (1, 10):
+        with tempfile.TemporaryDirectory() as tmp:
+            p50, p99, rate = submit_concurrently(Path(tmp), clients, args.per_client)
+        print(f"  {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms  {rate:6.1f} submissions/s")
+    print(f"server CPU over {args.idle_s:.0f} s idle (percent of one core; goal < 2%):")
+    for queued in (0, 1000):
+        with tempfile.TemporaryDirectory() as tmp:
+            print(f"  {queued:5d} queued runs: {idle_with_queue(Path(tmp), queued, args.idle_s):5.2f}%")
+
+
+if __name__ == "__main__":
+    main()
