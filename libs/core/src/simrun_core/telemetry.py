@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -328,7 +329,8 @@ def _sdk_provider(service_name: str, exporters: list[str], env: Mapping[str, str
         if name == "console":
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+            # stderr: a command's stdout (its --json) stays what programs read.
+            provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
         elif name == "otlp":
             provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(env)))
         else:
