@@ -246,6 +246,8 @@ def test_a_run_continues_its_submissions_trace_down_to_each_pod(tmp_path, tokens
         with Client(server.address, TOKENS["person"], telemetry=sdk(exporter, "simrun-client")) as client:
             run = client.submit(workflow)
             final = wait_final(client, run.run_id)
+            again = client.submit(workflow)  # every task reused: a span each, no pod
+            assert wait_final(client, again.run_id).state == 4
         assert final.state == 4, final.message
         status = CliRunner().invoke(
             cli, ["status", run.run_id, "--json", "--endpoint", server.address, "--token", TOKENS["person"]]
@@ -254,11 +256,11 @@ def test_a_run_continues_its_submissions_trace_down_to_each_pod(tmp_path, tokens
     finally:
         server.stop()
     spans = list(exporter.get_finished_spans())
-    root = one(spans, "simrun_client.submit", "simrun-client", SpanKind.INTERNAL)
+    (root,) = [s for s in spans if s.name == "simrun_client.submit" and s.attributes["simrun.run_id"] == run.run_id]
     trace_id = root.context.trace_id
     assert json.loads(status.output)["trace_id"] == f"{trace_id:032x}" == final.trace_id
-    submitted = one(spans, SUBMIT, "simrun-gateway", SpanKind.SERVER)
     in_trace = [s for s in spans if s.context.trace_id == trace_id]
+    submitted = one(in_trace, SUBMIT, "simrun-gateway", SpanKind.SERVER)
     by_name = {s.name: s for s in in_trace if service_of(s) == "simrun-gateway" and s.kind == SpanKind.INTERNAL}
     assert parent_of(by_name["planning"]) == submitted.context.span_id
     assert parent_of(by_name[f"environment {final.environment}"]) == submitted.context.span_id
@@ -277,6 +279,10 @@ def test_a_run_continues_its_submissions_trace_down_to_each_pod(tmp_path, tokens
             assert parent_of(pod) == task_span.context.span_id
             assert pod.attributes["simrun.exit_code"] == 0 and pod.attributes["simrun.ended"] == "done"
             assert pod.start_time >= task_span.start_time - 1_000_000_000
+    reused = [s for s in spans if s.attributes.get("simrun.run_id") == again.run_id and s.name.startswith("task ")]
+    assert {s.name for s in reused} == {"task values", "task total"}
+    assert {s.attributes["simrun.reused_from.run_id"] for s in reused} == {run.run_id}
+    assert not [s for s in spans if s.attributes.get("simrun.run_id") == again.run_id and s.name.startswith("pod ")]
     values_pod = next(s for s in in_trace if s.name == "pod w0" and s.attributes["simrun.task_id"] == "values")
     assert values_pod.attributes["simrun.units"] == 4
     assert values_pod.attributes["simrun.peak_memory_gb"] >= 0

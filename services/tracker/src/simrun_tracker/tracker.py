@@ -253,8 +253,24 @@ class RunTracker:
         """Puts in `run` the earlier results its tasks' keys find (a reused task is SUCCEEDED before it starts)."""
         request = ReuseRequest(ReusePolicy(record.reuse), record.resume_from or "", tuple(record.rerun))
         sources = find_sources(record, self.keys, request, caller_identity(identity))
-        if sources:
-            apply_reuse(record, run, self.store, sources)
+        if not sources:
+            return
+        apply_reuse(record, run, self.store, sources)
+        if self.telemetry.recording and record.traceparent:
+            for task in record.tasks.values():
+                if task.reused_from is not None and task.started_at is not None:
+                    self.telemetry.record_span(
+                        f"task {task.task_id}",
+                        parent=record.traceparent,
+                        start=task.started_at,
+                        end=task.ended_at,
+                        attributes={
+                            "simrun.run_id": record.run_id,
+                            "simrun.task_id": task.task_id,
+                            "simrun.reused_from.run_id": task.reused_from.run_id,
+                            "simrun.reused_from.task_id": task.reused_from.task_id,
+                        },
+                    )
 
     def _write_tasks(self, staging: RunLayout, record: RunRecord, workflow: Workflow) -> None:
         provenance = {"run_id": record.run_id, "snapshots": [s.model_dump(mode="json") for s in record.snapshots]}
