@@ -114,6 +114,8 @@ def run_header(run: common_pb2.Run) -> Group:
         lines.append(Text(f"model {model.name} {model.snapshot_id[:12]}" + (f" ({origin})" if origin else "")))
     if run.reservation:
         lines.append(Text(f"reserves node {run.reservation}"))
+    if run.trace_id:
+        lines.append(Text(f"trace {run.trace_id}", style="dim"))
     if run.message:
         lines.append(Text(run.message, style="red" if run.state == common_pb2.RUN_STATE_FAILED else "yellow"))
     return Group(*lines)
