@@ -37,7 +37,8 @@ def sums(units: int = 6, seconds: float = 0.05, offset: int = 0) -> str:
 
 def units_computed(store: StoreLayout, run_id: str, task_id: str) -> int:
     """Units the pods of a task computed, as their worker reports count them."""
-    return sum(len(report.units) for report in load_reports(store.run(run_id).task(task_id)))
+    reports = load_reports(store.run(run_id).task(task_id))
+    return sum(r.unit_seconds.count if r.unit_seconds else len(r.units) for r in reports)
 
 
 def task(run: common_pb2.Run, task_id: str) -> common_pb2.Task:

@@ -33,7 +33,7 @@ def test_submit_watch_shows_progress_then_the_summaries(watched: tuple[Result, s
     result, run_id = watched
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert re.search(r"estimate\s.*16/16\s+succeeded", out), out
+    assert re.search(r"^\d\d:\d\d:\d\d estimate succeeded 16/16 units$", out, re.MULTILINE), out
     assert f"run {run_id}  succeeded" in out
     assert "summaries" in out
     assert re.search(r"estimate\s+pi\s+3\.14", out), out
@@ -170,3 +170,107 @@ def test_snapshot_into_a_mounted_store_then_uploaded(
 def test_submit_needs_an_existing_workflow(invoke: Invoke, tmp_path: Path) -> None:
     result = invoke("submit", tmp_path / "missing.yaml")
     assert result.exit_code == 2 and "does not exist" in result.stderr
+
+
+TINY = """\
+name: tiny
+group: nested
+tasks:
+  estimate:
+    type: montecarlo.tasks:EstimatePi
+    settings: {{units: 4, samples_per_unit: 1000, seed: {seed}}}
+"""
+
+
+@pytest.fixture(scope="session")
+def nested(invoke: Invoke, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Result]]:
+    """The example as a folder of a larger git working tree (as in simrun's own), submitted twice, two seeds."""
+    import shutil
+    import subprocess
+
+    from e2e_support import EXAMPLE
+
+    top = tmp_path_factory.mktemp("outer")
+    model = top / "examples" / "montecarlo"
+    shutil.copytree(EXAMPLE, model, ignore=shutil.ignore_patterns("__pycache__", ".venv", "tests"))
+    for seed in (1, 2):
+        (model / f"tiny{seed}.yaml").write_text(TINY.format(seed=seed))
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "outer"]):
+        subprocess.run(["git", *args], cwd=top, check=True, capture_output=True, env={**env, "PATH": "/usr/bin:/bin"})
+    return model, [invoke("submit", model / f"tiny{seed}.yaml", "--watch") for seed in (1, 2)]
+
+
+def test_submit_takes_the_model_folder_below_the_git_top(nested: tuple[Path, list[Result]]) -> None:
+    _, results = nested
+    for result in results:
+        assert result.exit_code == 0, result.output
+        # Off a terminal, --watch prints a line per change rather than nothing until the end.
+        assert re.search(r"^\d\d:\d\d:\d\d estimate (queued|running|succeeded)", result.stdout, re.MULTILINE)
+        assert "succeeded 4/4 units" in result.stdout
+
+
+def test_compare_shows_the_settings_that_differ(invoke: Invoke, nested: tuple[Path, list[Result]]) -> None:
+    table = invoke("compare", "--group", "nested")
+    assert table.exit_code == 0, table.output
+    assert re.search(r"estimate\s+settings\.seed\s+\d\s+\d", table.stdout), table.stdout
+    assert "settings.units" not in table.stdout and "…" not in table.stdout
+    data = json.loads(invoke("compare", "--group", "nested", "--json").stdout)
+    settings = [(s["task_id"], s["key"], sorted(s["values"])) for s in data["settings"]]
+    assert settings == [("estimate", "seed", ["1", "2"])]
+    assert {row["key"] for row in data["rows"]} >= {"pi", "samples"}
+
+
+def test_estimate_says_unknown_for_seconds_not_learned(invoke: Invoke, tmp_path: Path) -> None:
+    # A model of its own name: what other tests ran of the example is learned for the example, not for it.
+    from e2e_support import EXAMPLE, git_repo
+
+    fresh = git_repo(EXAMPLE, tmp_path / "never-ran")
+    table = invoke("estimate", fresh / "pi.yaml").stdout
+    assert re.search(r"^\s*report\s.*unknown\s*$", table, re.MULTILINE), table
+    assert "0.0 " not in table
+
+
+def test_a_token_with_a_newline_is_one_line(invoke: Invoke) -> None:
+    line = _one_error_line(invoke("whoami", "--token", "abc\ndef"))
+    assert "newline" in line
+
+
+def test_logs_of_one_unit_are_its_prefixed_lines() -> None:
+    from simrun_cli.main import unit_lines
+
+    lines = "[unit 1] a\n[unit 12] b\nplain\n[unit 1] c\n"
+    assert unit_lines(lines, 1) == "a\nc\n"
+    assert unit_lines(lines, 12) == "b\n"
+    assert unit_lines(lines, 3) == ""
+
+
+def test_outputs_list_the_files_with_their_store_paths(invoke: Invoke, watched: tuple[Result, str], server) -> None:
+    _, run_id = watched
+    table = invoke("outputs", run_id)
+    assert table.exit_code == 0, table.output
+    assert re.search(r"estimate\s+estimate\s+estimate\.json\s+\d+ B\s+runs/\S+/estimate\.json", table.stdout), (
+        table.stdout
+    )
+    listed = json.loads(invoke("outputs", run_id, "estimate", "estimate", "--json").stdout)["files"]
+    assert [f["path"] for f in listed] == ["estimate.json"]
+    in_store = server.config.store / listed[0]["store_path"]
+    assert in_store.stat().st_size == int(listed[0]["size_bytes"])
+    status = json.loads(invoke("status", run_id, "--json").stdout)
+    ports = {task["task_id"]: task.get("outputs") for task in status["tasks"]}
+    assert ports["estimate"] == {"estimate": f"runs/{run_id}/tasks/estimate/out/estimate"}
+
+
+def test_fetch_copies_a_port_through_the_gateway(
+    invoke: Invoke, watched: tuple[Result, str], server, tmp_path: Path
+) -> None:
+    _, run_id = watched
+    dest = tmp_path / "got"
+    fetched = invoke("fetch", run_id, "estimate", "estimate", dest)
+    assert fetched.exit_code == 0, fetched.output
+    assert fetched.stdout.startswith("fetched 1 file (") and str(dest) in fetched.stdout
+    source = server.config.store / "runs" / run_id / "tasks" / "estimate" / "out" / "estimate" / "estimate.json"
+    assert (dest / "estimate.json").read_bytes() == source.read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["got"], "nothing staged is left beside DEST"
+    assert "no output 'nope'" in _one_error_line(invoke("fetch", run_id, "estimate", "nope", dest))
+    assert "not an output port name" in _one_error_line(invoke("fetch", run_id, "estimate", "..", dest))

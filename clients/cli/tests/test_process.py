@@ -132,3 +132,65 @@ def test_a_bad_nodes_file_says_what_is_wrong(tmp_path: Path) -> None:
         env=_env(tmp_path),
     )
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--address", "notahost"], "give HOST:PORT"),
+        (["--address", "notahost.invalid:5000"], "cannot resolve the host 'notahost.invalid'"),
+        (["--address", "127.0.0.1:99999"], "the port must be a number from 0 to 65535"),
+        (["--store", "/proc/nope"], "cannot use /proc/nope as the store"),
+    ],
+)
+def test_server_refuses_a_bad_address_or_store_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    from click.testing import CliRunner
+    from simrun_cli.main import cli
+
+    result = CliRunner().invoke(cli, ["server", *args], env={"SIMRUN_HOME": str(tmp_path / "home")})
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("Error: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_second_server_on_the_same_port_or_store_is_refused(served: tuple[str, Path], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from simrun_cli.main import cli
+
+    endpoint, home = served
+    taken = CliRunner().invoke(cli, ["server", "--address", endpoint, "--store", str(tmp_path / "store")])
+    assert taken.exit_code == 1 and "is another simrun server running?" in taken.stderr, taken.output
+    same_store = ["server", "--address", "127.0.0.1:0", "--store", str(home.parent / "store")]
+    shared = CliRunner().invoke(cli, same_store, env={"SIMRUN_HOME": str(tmp_path / "home")})
+    assert shared.exit_code == 1 and "another simrun server serves the store" in shared.stderr, shared.output
+
+
+def test_commands_start_without_what_they_do_not_need() -> None:
+    """`simrun --version` loads click alone; `simrun status` adds grpc, protobuf and rich but no pydantic."""
+    probe = (
+        "import sys, simrun_cli.main as m\n"
+        "first = {n.split('.')[0] for n in sys.modules}\n"
+        "import simrun_client.client, simrun_cli.render, simrun_cli.options as o\n"
+        "o.check_token(None)\n"
+        "m.common_pb2.RunState\n"
+        "second = {n.split('.')[0] for n in sys.modules}\n"
+        "print(sorted(first & {'grpc', 'google', 'rich', 'pydantic', 'yaml'}), sorted(second & {'pydantic', 'yaml'}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[] []"
+
+
+def test_the_constants_written_out_for_a_quick_start_match_their_sources() -> None:
+    from simrun.v1 import common_pb2
+    from simrun_cli.main import RUN_STATES
+    from simrun_cli.options import DEFAULT_ENDPOINT
+    from simrun_core import config
+
+    assert [name.removeprefix("RUN_STATE_").lower() for name in common_pb2.RunState.keys()[1:]] == RUN_STATES
+    assert DEFAULT_ENDPOINT == config.DEFAULT_ENDPOINT
+    from importlib.metadata import version
+
+    from simrun_cli import __version__
+
+    assert version("simrun-cli") == __version__

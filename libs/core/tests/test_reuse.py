@@ -21,7 +21,7 @@ from simrun_core.reuse import (
     task_keys,
 )
 from simrun_runtime.layout import StoreLayout, TaskLayout
-from simrun_runtime.ledger import Ledger, create_ledger
+from simrun_runtime.ledger import Ledger, UnitRange, create_ledger
 from simrun_runtime.record import Identity as RecordIdentity
 from simrun_runtime.record import RunRecord, RunState, TaskRecord, TaskState
 
@@ -167,10 +167,32 @@ def test_a_seeded_ledger_leaves_only_the_missing_units_pending(tmp_path):
     )
     claimer = ledger.claimer("w0")
     claimed = []
-    while (index := claimer.claim()) is not None:
-        claimed.append(index)
+    while (unit := claimer.claim()) is not None:
+        claimed.extend(unit.indices())
     assert sorted(claimed) == [1, 2, 5, 6, 7, 8]  # a worker computes only what is missing
     assert seed_ledger(source, dest, 10) == 0  # a ledger is there already
+
+
+def test_a_ledger_of_ranges_is_seeded_with_the_earlier_values(tmp_path):
+    """1,000 units start in ranges of 15: seeded runs cut the ranges; the values come over in a log of the new
+    ledger, as the merge reads them."""
+    store = StoreLayout(tmp_path)
+    source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
+    done = [*range(3, 40), *range(500, 517), 999]
+    create_ledger(source, 1000, block=1)  # the earlier run's units, one entry each, some done
+    ledger = Ledger.of(source)
+    log = ledger.layout.values_log("w0", "1-a")
+    for index in done:
+        assert ledger.claim(index, "w0")
+        ledger.append_values(log, UnitRange.one(index), [index * 10])
+        assert ledger.mark_done(index, "w0")
+    assert seed_ledger(source, dest, 1000) == len(done)
+    seeded = Ledger.of(dest)
+    assert seeded.done_count() == len(done)
+    assert sorted(seeded.pending_indices()) == sorted(set(range(1000)) - set(done))
+    values, covered = seeded.values()
+    assert all(index in covered and values[index] == index * 10 for index in done)
+    assert not seeded.has_claims()
 
 
 def test_a_source_without_done_units_seeds_nothing(tmp_path):

@@ -101,3 +101,11 @@ tasks:
     cycle = str(info.value).split("cycle: ")[1].split(" -> ")
     assert cycle[0] == cycle[-1]
     assert sorted(cycle[:-1]) == ["a", "b", "c"]
+
+
+def test_a_task_may_set_the_time_limit_of_its_units() -> None:
+    spec = parse_workflow("tasks: {a: {type: m:A, unit_timeout_s: 90}, b: {type: m:B}}").spec
+    assert (spec.tasks["a"].unit_timeout_s, spec.tasks["b"].unit_timeout_s) == (90, None)
+    for bad in ("0", "-5", "soon"):
+        with pytest.raises(InvalidArgument, match="unit_timeout_s"):
+            parse_workflow(f"tasks: {{a: {{type: m:A, unit_timeout_s: {bad}}}}}", "wf.yaml")

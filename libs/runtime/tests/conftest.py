@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 from simrun_runtime.layout import RunLayout, TaskLayout
-from simrun_runtime.reports import WorkerReport, load_reports
+from simrun_runtime.reports import WorkerReport, load_reports, read_progress
 from simrun_runtime.rundir import lay_out_run
 
 MODEL_ROOT = Path(__file__).parent / "model"
@@ -132,7 +131,8 @@ def merged_output(task: TaskLayout) -> dict[str, bytes]:
 
 
 def progress_units(task: TaskLayout) -> list[int]:
-    return [json.loads(line)["unit"] for line in task.progress.read_text().splitlines()]
+    """Every unit of every line of progress.jsonl (a line names one unit or a range)."""
+    return [index for line in read_progress(task.progress) for index in line.units()]
 
 
 @pytest.fixture

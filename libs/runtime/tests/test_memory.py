@@ -54,8 +54,8 @@ def test_the_report_has_the_peak_anonymous_memory_of_the_pods_cgroup(pods: Any, 
     assert report.memory_source == "cgroup_v1" and report.oom_kills == 0
     assert 160 / 1024 <= report.peak_memory_gb < 0.5
     assert report.per_process_gb == report.peak_memory_gb and report.memory_samples >= 3
-    assert [u.unit for u in sorted(report.units, key=lambda u: u.unit)] == [0, 1]
-    assert all(u.seconds >= 1.6 for u in report.units)
+    assert report.unit_seconds.count == 2 and report.unit_seconds.min >= 1.6
+    assert all(seconds >= 1.6 for seconds in report.seconds_of_units())
 
 
 def test_a_unit_killed_for_memory_exits_137_and_the_report_counts_the_kill(

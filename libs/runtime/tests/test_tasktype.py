@@ -86,6 +86,24 @@ def test_a_split_type_must_define_its_three_methods() -> None:
         check_task_type(Half, "Half")
 
 
+@pytest.mark.parametrize(
+    ("attribute", "value", "message"),
+    [
+        ("unit_timeout_s", 0, "unit_timeout_s must be a number of seconds > 0, not 0"),
+        ("unit_timeout_s", "1h", "unit_timeout_s must be a number of seconds > 0"),
+        ("unit_retries", -1, "unit_retries must be an integer >= 0, not -1"),
+        ("unit_retries", 1.5, "unit_retries must be an integer >= 0"),
+    ],
+)
+def test_a_split_types_time_limit_and_retries_are_checked(attribute: str, value: Any, message: str) -> None:
+    from simrun_runtime.tasktype import check_task_type
+
+    scan = type(load_task_type("simrun_toymodel:Scan", MODEL_ROOT))
+    bad = type("Bad", (scan,), {attribute: value})
+    with pytest.raises(TaskTypeError, match=message):
+        check_task_type(bad, "Bad")
+
+
 def test_settings_errors_name_the_unknown_or_misspelled_setting() -> None:
     scan = load_task_type("simrun_toymodel:Scan", MODEL_ROOT)
     with pytest.raises(SettingsError) as caught:
@@ -110,6 +128,9 @@ def test_describe_gives_ports_hint_schema_and_checks_settings() -> None:
     assert bad.settings_errors == ["unknown setting 'pionts' (did you mean 'points'?)"] and bad.units is None
     shell = describe_type("simrun_toymodel:Shell", MODEL_ROOT, {})
     assert not shell.split and shell.command and shell.units is None and shell.outputs == ["result-files"]
+    assert (plain.unit_timeout_s, plain.unit_retries) == (None, 1) and shell.unit_retries is None
+    quick = describe_type("simrun_toymodel:QuickHang", MODEL_ROOT)
+    assert (quick.unit_timeout_s, quick.unit_retries) == (1.0, 2)
 
 
 def test_describe_runs_as_a_subprocess_with_json_on_stdin_and_stdout() -> None:

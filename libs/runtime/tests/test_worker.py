@@ -52,7 +52,7 @@ def test_the_merged_output_is_the_same_on_one_two_and_five_pods_with_kills(pods:
     started = {w: pods.start(pods.env(five, "scan", w, grace_s=1)) for w in ("w0", "w1", "w2", "w3", "w4")}
 
     def computing(worker: str) -> bool:
-        return task.units.tmp.is_dir() and any(f".{worker}." in p.name for p in task.units.tmp.iterdir())
+        return task.units.claimed.is_dir() and any(p.name.endswith(f"@{worker}") for p in task.units.claimed.iterdir())
 
     helpers.wait_for(lambda: computing("w2"), message="w2 computing a unit")
     os.killpg(started["w2"].pid, signal.SIGKILL)
@@ -77,7 +77,7 @@ def test_the_merged_output_is_the_same_on_one_two_and_five_pods_with_kills(pods:
     assert_complete(task, helpers, 30)
     assert helpers.merged_output(task) == expected
     coordinator = helpers.reports_of(task, "w0")[0]
-    assert coordinator.role == "coordinator" and coordinator.ended == WorkerEnd.DONE and coordinator.units
+    assert coordinator.role == "coordinator" and coordinator.ended == WorkerEnd.DONE and coordinator.unit_seconds.count
 
 
 def test_a_stale_claim_of_a_dead_worker_is_computed_by_the_coordinator(pods: Any, helpers: Any) -> None:
@@ -110,7 +110,8 @@ def test_a_restarted_worker_takes_back_its_claims_and_keeps_results_in_place(pod
     assert done.returncode == 0, done.stderr
     assert ledger.done_count() == 6
     (report,) = helpers.reports_of(task, "w1")
-    assert sorted(u.unit for u in report.units) == [0, 1, 3, 4, 5] and report.role == "extra"
+    # Unit 2's result was in place: five units computed, unit 2 only marked done.
+    assert report.unit_seconds.count == 5 and len(report.unit_seconds.exact) == 5 and report.role == "extra"
     lines = {json.loads(line)["unit"]: json.loads(line)["seconds"] for line in task.progress.read_text().splitlines()}
     assert lines[2] is None and all(lines[i] is not None for i in (0, 1, 3, 4, 5))
     assert not task.out.exists()  # an extra worker never merges
@@ -139,16 +140,27 @@ def test_a_worker_started_before_the_ledger_waits_for_it(pods: Any, helpers: Any
     assert [r.ended for r in helpers.reports_of(other.task("scan"))] == [WorkerEnd.STOPPED]
 
 
-def test_a_failing_unit_fails_the_worker_and_gives_its_claims_back(pods: Any, helpers: Any) -> None:
+def test_a_failing_unit_is_retried_then_fails_the_task_naming_unit_exception_and_worker(
+    pods: Any, helpers: Any
+) -> None:
     run = pods.lay_out("failing", "scan", SCAN, {"points": 6, "fail_unit": 4})
     task = run.task("scan")
     done = pods.run(pods.env(run, "scan", "w0", processes=2))
     assert done.returncode == 1
-    assert "RuntimeError: unit 4 fails on purpose" in done.stderr
+    assert "[unit 4] RuntimeError: unit 4 fails on purpose" in done.stderr
+    assert "unit 4 failed on worker w0 (attempt 1 of 2), given back for another try" in done.stderr
+    failure = json.loads(task.failure.read_text())
+    assert failure["message"] == "unit 4 failed on worker w0 (attempt 2 of 2): RuntimeError: unit 4 fails on purpose"
+    assert (failure["unit"], failure["worker"], failure["exception"]) == (4, "w0", "RuntimeError")
+    assert "Traceback" in failure["detail"] and "compute_unit" in failure["detail"]
     (report,) = helpers.reports_of(task)
-    assert report.ended == WorkerEnd.FAILED and report.exit_code == 1 and "unit 4 fails" in report.message
+    assert report.ended == WorkerEnd.FAILED and report.exit_code == 1 and report.message == failure["message"]
     ledger = Ledger.of(task)
-    assert 4 in ledger.pending_indices() and ledger.claims() == {} and not task.out.exists()
+    assert [unit.name for unit in ledger.failed()] == ["4~2"] and ledger.claims() == {} and not task.out.exists()
+    assert ledger.done_count() < 6 and not task.merge_marker.exists()
+    # A coordinator started again finds the task failed: it does not compute, merge or look done.
+    again = pods.run(pods.env(run, "scan", "w0"))
+    assert again.returncode == 1 and "unit 4 failed on worker w0" in again.stderr and not task.out.exists()
 
 
 def test_merge_is_safe_to_repeat_after_an_interrupted_merge(pods: Any, helpers: Any) -> None:
@@ -178,6 +190,8 @@ BAD_INPUTS = [
     ("unsplit type", {}, {"type": "simrun_toymodel:Shell"}, r"is not split: run task 'scan' with simrun-exec"),
     ("no run dir", {}, {"SIMRUN_RUN_DIR": ""}, r"SIMRUN_RUN_DIR is not set"),
     ("bad processes", {}, {"SIMRUN_PROCESSES": "two"}, r"SIMRUN_PROCESSES='two' is not a number"),
+    ("zero unit timeout", {}, {"SIMRUN_UNIT_TIMEOUT_S": "0"}, r"SIMRUN_UNIT_TIMEOUT_S='0' must be .* > 0"),
+    ("bad unit timeout", {}, {"SIMRUN_UNIT_TIMEOUT_S": "soon"}, r"SIMRUN_UNIT_TIMEOUT_S='soon' is not a number"),
 ]
 
 

@@ -161,3 +161,41 @@ def test_reports_feed_the_learner(tmp_path: Path, learner: ResourceLearner) -> N
     learner.record_all(observations_from_reports(task, KEY, True, "run-1", memory_gb=10, retry_memory_gb=14))
     resolved = learner.resolve(KEY, HINT)
     assert (resolved.rule, resolved.per_worker_gb) == (ResolutionRule.OOM_FLOOR, 3.75)
+
+
+def test_observations_from_summarised_reports_keep_the_learners_median(tmp_path: Path) -> None:
+    """Schema 2 reports keep a summary of constant size: the median the learner takes over the observations is
+    the exact one up to 64 units per report, and within the histogram's 2.2% beyond."""
+    from simrun_learner.rules import median_unit_seconds
+    from simrun_runtime.reports import SecondsSketch
+
+    task = StoreLayout(tmp_path).run("run-2").task("fit")
+    few, many = SecondsSketch(), SecondsSketch()
+    few_seconds = [0.5, 2.0, 3.0]
+    many_seconds = [0.01 * (1 + (k * 7919) % 1000) for k in range(5000)]
+    for seconds in few_seconds:
+        few.add(seconds)
+    for seconds in many_seconds:
+        many.add(seconds)
+    report("w0", 1000, unit_seconds=few.summary()).write(task)
+    report("w1", 2000, unit_seconds=many.summary()).write(task)
+    first, second = observations_from_reports(task, KEY, True, "run-2")
+    assert first.unit_seconds == tuple(few_seconds)
+    assert len(second.unit_seconds) == 5000
+    exact = median_unit_seconds([Observation(KEY, 1.0, unit_seconds=tuple(few_seconds + many_seconds))])
+    learned = median_unit_seconds([first, second])
+    assert exact is not None and learned is not None and abs(learned - exact) <= 0.022 * exact
+
+
+def test_an_unsplit_task_that_ran_to_its_end_learns_its_seconds_as_one_unit(
+    tmp_path: Path, learner: ResourceLearner
+) -> None:
+    task = StoreLayout(tmp_path).run("run-1").task("report")
+    begun = datetime(2026, 1, 1, tzinfo=UTC)
+    report("exec", 1, role="exec", processes=1, started_at=begun, ended_at=begun + timedelta(seconds=2.5)).write(task)
+    report("exec", 2, role="exec", processes=1, ended=WorkerEnd.STOPPED, ended_at=begun).write(task)
+    observations = observations_from_reports(task, KEY, True, "run-1", memory_gb=1)
+    assert [o.unit_seconds for o in observations] == [(2.5,), ()]
+    assert [o.per_worker_gb for o in observations] == [8.0, 8.0]  # the memory rule reads what it read before
+    learner.record_all(observations)
+    assert learner.estimate(KEY, 1, 1, 1).seconds == 2.5

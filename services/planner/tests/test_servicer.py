@@ -39,7 +39,7 @@ def resources(per_worker_gb: float = 4, **kw: object) -> common_pb2.ResolvedReso
 def test_shape_pod(stub: planner_pb2_grpc.PlannerServiceStub) -> None:
     response = stub.ShapePod(planner_pb2.ShapePodRequest(resources=resources(), nodes=small_nodes(3)))
     assert response.shape == common_pb2.PodShape(
-        cores=15, memory_gb=62, processes=15, per_worker_gb=4, retry_memory_gb=62, retry_per_worker_gb=6
+        cores=15, memory_gb=62, processes=15, per_worker_gb=4, retry_memory_gb=63, retry_per_worker_gb=6.1
     )
     capped = stub.ShapePod(planner_pb2.ShapePodRequest(resources=resources(), nodes=small_nodes(3), max_processes=2))
     assert capped.shape.processes == 2

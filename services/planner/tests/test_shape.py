@@ -28,8 +28,8 @@ SHAPES = [
             memory_gb=62,
             processes=15,
             per_worker_gb=4,
-            retry_memory_gb=62,
-            retry_per_worker_gb=6,
+            retry_memory_gb=63,
+            retry_per_worker_gb=6.1,
             scratch_gb=0,
             gpus=0,
         ),
@@ -48,7 +48,7 @@ SHAPES = [
         nodes(2, 4, 16),
         None,
         None,
-        PodShape(4, 2, 4, 0.375, 3, 0.5625, 0, 0),
+        PodShape(4, 2, 4, 0.375, 3, 0.6875, 0, 0),
         id="memory-rounded-up-to-whole-gib",
     ),
     pytest.param(
@@ -72,7 +72,7 @@ SHAPES = [
         [*nodes(6, 8, 32, prefix="small"), Node("big", 64, 512)],
         None,
         None,
-        PodShape(12, 482, 12, 40, 482, 60, 0, 0),
+        PodShape(12, 482, 12, 40, 483, 60.125, 0, 0),
         id="mixed-worker-too-large-for-small-takes-largest",
     ),
     pytest.param(
@@ -236,6 +236,34 @@ def test_a_shape_fits_a_usable_node_and_its_retry_too(
     again = retry_processes(pod, resources.base_memory_gb)
     assert 1 <= again <= pod.processes
     assert resources.base_memory_gb + pod.retry_per_worker_gb * again <= pod.retry_memory_gb + 1e-6
-    assert pod.retry_per_worker_gb >= pod.per_worker_gb
-    if again > 1:
-        assert pod.retry_per_worker_gb == pytest.approx(1.5 * pod.per_worker_gb)
+    assert pod.retry_per_worker_gb * again == pytest.approx(pod.retry_memory_gb - resources.base_memory_gb)
+    assert pod.retry_memory_gb >= pod.memory_gb
+    if pod.retry_memory_gb == pod.memory_gb:
+        # No more memory for the retry only where the pod already fills a node: then fewer processes, each
+        # with more, unless it had a single process.
+        assert any(math.floor(n.memory_gb + 1e-9) == pod.memory_gb for n in hosts)
+        assert again < pod.processes or pod.processes == 1
+    elif again == pod.processes > 1:
+        assert pod.retry_per_worker_gb >= 1.5 * pod.per_worker_gb - 1e-9
+    if pod.processes > 1 or pod.retry_memory_gb > pod.memory_gb:
+        assert pod.retry_per_worker_gb > pod.per_worker_gb
+
+
+@pytest.mark.parametrize(
+    ("resources", "cluster", "first_gb", "retry_gb", "retry_processes_"),
+    [
+        pytest.param(R(0.5, 0.25), nodes(1, 1, 6), 1, 2, 1, id="rounding-absorbs-the-1.5-then-one-more-gib"),
+        pytest.param(R(0.25, 0.1), nodes(1, 4, 8), 1, 2, 4, id="four-small-processes-one-more-gib"),
+        pytest.param(R(0, 0.6), [Node("n", 2, 2)], 2, 2, 1, id="pod-fills-its-node-one-process-fewer"),
+        pytest.param(R(0, 1.5), [Node("n", 1, 2)], 2, 2, 1, id="one-process-filling-its-node-has-no-more"),
+        pytest.param(R(0.5, 0), nodes(1, 2, 4), 1, 2, 2, id="no-memory-per-process-still-one-more-gib"),
+        pytest.param(R(0, 2.9), [Node("n", 1, 4)], 3, 4, 1, id="1.5-times-fits-no-node-the-node-then"),
+    ],
+)
+def test_a_retry_has_more_memory_than_the_attempt_killed(
+    resources: ResolvedResources, cluster: list[Node], first_gb: int, retry_gb: int, retry_processes_: int
+) -> None:
+    pod = shape(resources, cluster)
+    assert (pod.memory_gb, pod.retry_memory_gb) == (first_gb, retry_gb)
+    assert retry_processes(pod, resources.base_memory_gb) == retry_processes_
+    assert pod.retry_per_worker_gb == pytest.approx((retry_gb - resources.base_memory_gb) / retry_processes_)

@@ -188,7 +188,8 @@ class FakeExecutor:
         retried = bool(status.memory_kills) or status.sigkills > 0
         processes = spec.processes_after(retried)
         if evidence is not None:
-            status.memory_kills.append(MemoryKill(status.memory_gb, status.memory_gb / max(processes, 1), evidence))
+            per_process = spec.per_process_gb(status.memory_gb, processes)
+            status.memory_kills.append(MemoryKill(status.memory_gb, per_process, evidence))
         else:
             status.sigkills += 1
         if not retried:
@@ -199,7 +200,7 @@ class FakeExecutor:
             status.phase = PodPhase.FAILED
             status.message = (
                 f"killed for memory twice; the retry had {status.memory_gb:g} GiB "
-                f"({status.memory_gb / max(processes, 1):g} GiB per process)"
+                f"({spec.per_process_gb(status.memory_gb, processes):g} GiB per process)"
             )
         else:
             status.phase = PodPhase.FAILED

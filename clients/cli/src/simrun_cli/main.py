@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from simrun.v1 import common_pb2, tracker_pb2
-from simrun_client.client import FINAL_RUN_STATES, Client
 from simrun_core.errors import SimrunError
 
-from simrun_cli import render
+from simrun_cli import __version__
+from simrun_cli.lazy import lazy_module
 from simrun_cli.options import json_option, with_client
 from simrun_cli.server import server
 
-_RUN_STATES = [name.removeprefix("RUN_STATE_").lower() for name in common_pb2.RunState.keys()[1:]]
+if TYPE_CHECKING:
+    from rich.console import Console
+    from simrun.v1 import common_pb2, tracker_pb2
+    from simrun_client.client import Client
+
+    from simrun_cli import render
+else:
+    # Imported on first use: `simrun --version` or `--help` needs none of them, `simrun status` not all.
+    common_pb2 = lazy_module("simrun.v1.common_pb2")
+    tracker_pb2 = lazy_module("simrun.v1.tracker_pb2")
+    render = lazy_module("simrun_cli.render")
+
+RUN_STATES = ["submitting", "queued", "running", "succeeded", "failed", "cancelled"]
+"""The run states `list --state` takes: `RunState` without its prefix (a test keeps them equal)."""
 
 
 class SimrunGroup(click.Group):
@@ -31,7 +42,7 @@ class SimrunGroup(click.Group):
 
 
 @click.group(cls=SimrunGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="simrun-cli", prog_name="simrun")
+@click.version_option(__version__, prog_name="simrun")
 def cli() -> None:
     """Run simulation workflows from your git working tree: on this machine or on a cluster."""
 
@@ -42,7 +53,10 @@ workflow_argument = click.argument("workflow", type=click.Path(exists=True, dir_
 model_option = click.option(
     "--model",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The model's working tree; default: the git working tree that holds the workflow.",
+    help=(
+        "The model's folder; default: the innermost folder holding a pyproject.toml from the workflow's folder "
+        "up to the top of its git working tree, else that top."
+    ),
 )
 store_option = click.option(
     "--store",
@@ -102,6 +116,7 @@ def submit(
     A task whose key (type, settings, snapshots, environment and upstream keys) an earlier run you may read
     computed already is not computed again: its outputs are hard links of the earlier ones.
     """
+    model = model or default_model(workflow)
     run = client.submit(
         workflow,
         model=model,
@@ -177,14 +192,14 @@ def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
         return
     run = client.get_run(run_id)
     if as_json:
-        render.echo_json(run)
+        render.echo_json(with_output_paths(client, run))
         return
     _show_run(client, run, out)
 
 
 @cli.command("list")
 @click.option("--group", help="Only this group's runs.")
-@click.option("--state", type=click.Choice(_RUN_STATES), help="Only runs in this state.")
+@click.option("--state", type=click.Choice(RUN_STATES), help="Only runs in this state.")
 @click.option("--owner", help="Only runs submitted by this identity.")
 @json_option
 @with_client
@@ -211,12 +226,16 @@ def compare(run_ids: tuple[str, ...], group: str | None, as_json: bool, client: 
     if run_ids and group:
         raise click.UsageError("give the runs to compare or --group, not both")
     comparison = client.compare(run_ids=list(run_ids), group=group)
+    settings = differing_settings([client.get_run(run_id) for run_id in comparison.run_ids])
     if as_json:
-        render.echo_json(comparison)
+        # The API's comparison, plus the settings that differ between the runs in the same row shape.
+        data = render.to_dict(comparison)
+        data["settings"] = [{"task_id": t, "key": k, "values": v} for t, k, v in settings]
+        render.echo_json(data)
     elif not comparison.run_ids:
         click.echo("no runs to compare")
     else:
-        render.console().print(render.comparison_table(comparison))
+        render.console().print(render.comparison_table(comparison, settings))
 
 
 @cli.command()
@@ -241,7 +260,7 @@ def estimate(
     """Plan WORKFLOW without running it: each task's pods, resources, once learned seconds, and what it reuses."""
     result = client.estimate(
         workflow,
-        model=model,
+        model=model or default_model(workflow),
         single_server=single_server,
         store=store,
         reuse=reuse,
@@ -272,16 +291,87 @@ def cancel(run_id: str, as_json: bool, client: Client) -> None:
 @click.argument("task_id", metavar="TASK")
 @click.option("--worker", metavar="WORKER", help="Only this worker's log: w0 (the coordinator), w1, …")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the task ends.")
+@click.option(
+    "--unit", type=click.IntRange(min=0), metavar="N", help="Only what unit N printed (its `[unit N] ` lines)."
+)
 @with_client
-def logs(run_id: str, task_id: str, worker: str | None, follow: bool, client: Client) -> None:
+def logs(run_id: str, task_id: str, worker: str | None, follow: bool, unit: int | None, client: Client) -> None:
     """Print the logs of a task's pods."""
     pod = None
     for chunk in client.logs(run_id, task_id, worker=worker, follow=follow):
+        lines = chunk.lines if unit is None else unit_lines(chunk.lines, unit)
+        if not lines:
+            continue
         if not worker and chunk.pod != pod:
             # Several pods' logs interleave; name each one where it starts, as `tail` does.
             click.echo(f"==> {chunk.pod} <==")
             pod = chunk.pod
-        click.echo(chunk.lines, nl=False)
+        click.echo(lines, nl=False)
+
+
+def with_output_paths(client: Client, run: common_pb2.Run) -> dict[str, Any]:
+    """The run's JSON, each task with `outputs`: its ports' folders in the store (relative to the store root)."""
+    data = render.to_dict(run)
+    ports: dict[str, dict[str, str]] = {}
+    for file in client.outputs(run.run_id):
+        folder = file.store_path.removesuffix(file.path).rstrip("/")
+        ports.setdefault(file.task_id, {})[file.port] = folder
+    for task in data.get("tasks", []):
+        if task["task_id"] in ports:
+            task["outputs"] = ports[task["task_id"]]
+    return data
+
+
+def default_model(workflow: Path) -> Path | None:
+    """The model of a workflow given without --model: the innermost folder with a `pyproject.toml` on the way from
+    the workflow's folder up to the top of its git working tree (`examples/montecarlo` in simrun's own tree).
+
+    None where there is none, so the client takes the working tree's top, as it always did.
+    """
+    from simrun_client.client import git_toplevel
+
+    folder = workflow.resolve().parent
+    top = git_toplevel(folder)
+    for candidate in (folder, *folder.parents):
+        if (candidate / "pyproject.toml").is_file():
+            return candidate
+        if candidate == top:
+            break
+    return None
+
+
+def unit_lines(lines: str, unit: int) -> str:
+    """The lines a unit printed, without their `[unit N] ` prefix (the runtime puts it on each unit's lines)."""
+    prefix = f"[unit {unit}] "
+    return "".join(line.removeprefix(prefix) for line in lines.splitlines(keepends=True) if line.startswith(prefix))
+
+
+def differing_settings(runs: list[common_pb2.Run]) -> list[tuple[str, str, list[str]]]:
+    """The settings (task, dotted key, JSON value per run) that differ between runs, as submitted."""
+    from simrun_core.workflow import parse_workflow
+
+    per_run: list[dict[tuple[str, str], str]] = []
+    for run in runs:
+        values: dict[tuple[str, str], str] = {}
+        try:
+            tasks = parse_workflow(run.workflow).spec.tasks if run.workflow else {}
+        except SimrunError:
+            tasks = {}
+        for task_id, task in tasks.items():
+            for key, value in _flatten(task.settings):
+                values[task_id, key] = json.dumps(value, sort_keys=True)
+        per_run.append(values)
+    keys = sorted({key for values in per_run for key in values})
+    rows = [(task, key, [values.get((task, key), "") for values in per_run]) for task, key in keys]
+    return [row for row in rows if len(set(row[2])) > 1]
+
+
+def _flatten(settings: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 @cli.command()
@@ -324,8 +414,40 @@ def nodes(as_json: bool, client: Client) -> None:
         render.console().print(render.nodes_table(found))
 
 
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("task_id", metavar="[TASK", required=False)
+@click.argument("port", metavar="[PORT]]", required=False)
+@json_option
+@with_client
+def outputs(run_id: str, task_id: str | None, port: str | None, as_json: bool, client: Client) -> None:
+    """List a run's outputs (a task's, a port's): each file with its path in the store and its size."""
+    files = client.outputs(run_id, task_id, port)
+    if as_json:
+        render.echo_json(tracker_pb2.ListOutputsResponse(files=files))
+    elif not files:
+        click.echo(f"run {run_id} has no outputs yet" if not task_id else f"no output files of {task_id}")
+    else:
+        render.console().print(render.outputs_table(files))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("task_id", metavar="TASK")
+@click.argument("port", metavar="PORT")
+@click.argument("dest", metavar="DEST", type=click.Path(path_type=Path))
+@with_client
+def fetch(run_id: str, task_id: str, port: str, dest: Path, client: Client) -> None:
+    """Copy the files of a task's output PORT into the folder DEST, through simrun (no store mount needed)."""
+    written = client.fetch_output(run_id, task_id, port, dest)
+    size = sum(path.stat().st_size for path in written)
+    click.echo(f"fetched {len(written)} file{'s' if len(written) != 1 else ''} ({render.size(size)}) into {dest}")
+
+
 def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
     """Follows a run to its end: progress bars, then the run; exits 1 unless it succeeded."""
+    from simrun_client.client import FINAL_RUN_STATES
+
     run: common_pb2.Run | None = None
     try:
         if as_json:

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from simrun_client.client import Client
-from simrun_core.config import DEFAULT_ENDPOINT
-from simrun_core.telemetry import process_telemetry
+
+DEFAULT_ENDPOINT = "127.0.0.1:50551"
+"""`simrun_core.config.DEFAULT_ENDPOINT`, written out so that parsing options imports no pydantic (a test keeps
+them equal)."""
 
 SERVICE_NAME = "simrun-cli"
 """The CLI's OpenTelemetry service name, unless `OTEL_SERVICE_NAME` names it."""
@@ -37,6 +38,23 @@ json_option = click.option(
 )
 
 
+def check_token(token: str | None) -> None:
+    """Refuses a token grpc cannot send as a header (a newline, a space, a control character) in one line.
+
+    Without this, grpc's C core logs its own complaint to stderr before the call fails.
+    """
+    if token is None:
+        from simrun_core.home import client_token
+
+        token, where = client_token(None), "the token file"
+    else:
+        where = "--token or SIMRUN_TOKEN"
+    if token and any(not (c.isascii() and c.isprintable()) or c.isspace() for c in token):
+        raise click.ClickException(
+            f"the token from {where} has a newline, a space or a control character in it; give the token alone"
+        )
+
+
 def with_client(command: F) -> F:
     """Adds --endpoint and --token and passes the command a connected `client`, closed afterwards.
 
@@ -48,6 +66,10 @@ def with_client(command: F) -> F:
     @token_option
     @functools.wraps(command)
     def wrapper(*args: Any, endpoint: str, token: str | None, **kwargs: Any) -> Any:
+        from simrun_client.client import Client
+        from simrun_core.telemetry import process_telemetry
+
+        check_token(token)
         telemetry = process_telemetry(SERVICE_NAME)
         name = click.get_current_context().command_path
         try:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Iterator
-from datetime import UTC
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -15,7 +15,6 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich import box
 from rich.console import Console, Group
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -34,9 +33,13 @@ _STATE_STYLES = {
 
 def console() -> Console:
     # Made per command so it writes to the sys.stdout of the moment (click's test runner swaps it). Piped output
-    # gets 120 columns rather than rich's 80 so run ids and values are not cut, unless COLUMNS says otherwise.
-    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120
+    # is as wide as its tables need (no column cut to `…`), unless COLUMNS says otherwise.
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
     return Console(highlight=False, width=width)
+
+
+PIPE_WIDTH = 10_000
+"""Columns of output that goes to a pipe or file: rich then sizes each table to its content."""
 
 
 def echo_json(message: Message | dict[str, Any]) -> None:
@@ -166,13 +169,19 @@ def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> Table:
     return table
 
 
-def comparison_table(comparison: tracker_pb2.CompareRunsResponse) -> Table:
-    """Summary values side by side: a row per task and key, a column per run."""
+def comparison_table(
+    comparison: tracker_pb2.CompareRunsResponse, settings: Sequence[tuple[str, str, Sequence[str]]] = ()
+) -> Table:
+    """Summary values side by side: a row per task and key, a column per run; the differing settings first."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("task", no_wrap=True)
     table.add_column("key", no_wrap=True)
     for run_id in comparison.run_ids:
         table.add_column(run_id, no_wrap=True, justify="right")
+    for task_id, key, values in settings:
+        table.add_row(task_id, f"settings.{key}", *(_value(v) for v in values), style="dim")
+    if settings:
+        table.add_section()
     for row in comparison.rows:
         table.add_row(row.task_id, row.key, *(_value(v) for v in row.values))
     return table
@@ -220,7 +229,7 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
         ("units", "right"),
         ("priority", "left"),
         ("memory from", "left"),
-        ("seconds", "right"),  # `-` until the seconds of its units are learned
+        ("compute seconds", "right"),  # its units' learned seconds over its processes; `unknown` until learned
         ("reused from", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=name == "task")  # type: ignore[arg-type]
@@ -234,7 +243,7 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
             str(task.plan.units) if task.plan.HasField("units") else "-",
             task.plan.base_priority.removeprefix("simrun-"),
             common_pb2.ResolutionRule.Name(task.resources.rule).removeprefix("RESOLUTION_RULE_").lower(),
-            f"{task.seconds:.1f}" if task.HasField("seconds") else "-",
+            _seconds(task.seconds) if task.HasField("seconds") else "unknown",
             _reused(task.reused_from) if task.HasField("reused_from") else "",
         )
     return table
@@ -243,6 +252,37 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
 def _reused(source: common_pb2.ReusedFrom) -> str:
     units = f"{source.units} units of " if source.HasField("units") else ""
     return f"{units}{source.run_id} {source.task_id}"
+
+
+def _seconds(seconds: float) -> str:
+    """Seconds for people: two significant digits below ten, so that 0.04 s does not read 0.0."""
+    return f"{seconds:.2g}" if seconds < 10 else f"{seconds:.0f}"
+
+
+def size(size_bytes: int) -> str:
+    """Bytes for people: B, KiB, MiB, GiB."""
+    value = float(size_bytes)
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
+def outputs_table(files: Iterable[tracker_pb2.OutputFile]) -> Table:
+    """One row per output file: task, port, path in the port, size, path in the store."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in (
+        ("task", "left"),
+        ("port", "left"),
+        ("file", "left"),
+        ("size", "right"),
+        ("in the store", "left"),
+    ):
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for file in files:
+        table.add_row(file.task_id, file.port, file.path, size(file.size_bytes), file.store_path)
+    return table
 
 
 def nodes_table(nodes: Iterable[common_pb2.Node]) -> Table:
@@ -255,9 +295,18 @@ def nodes_table(nodes: Iterable[common_pb2.Node]) -> Table:
 
 
 class RunProgress:
-    """A live progress bar per task of a run, fed by the WatchRun stream."""
+    """A live progress bar per task of a run, fed by the WatchRun stream; off a terminal, a line per change.
+
+    Rich draws no live display when the output is not a terminal, so a pipe or a log file would see nothing
+    until the run ends; there each change of a task (its state or its units done) is one line instead.
+    """
 
     def __init__(self, out: Console) -> None:
+        # Imported here: only a followed run draws bars.
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._out = out
+        self._live = out.is_terminal
         self._progress = Progress(
             TextColumn("{task.description}", style="bold"),
             BarColumn(),
@@ -266,20 +315,35 @@ class RunProgress:
             TimeElapsedColumn(),
             console=out,
         )
-        self._bars: dict[str, TaskID] = {}
+        self._bars: dict[str, Any] = {}  # task id -> rich's TaskID
+        self._seen: dict[str, tuple[str, int, int | None]] = {}
 
     def __enter__(self) -> RunProgress:
-        self._progress.start()
+        if self._live:
+            self._progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
+        if self._live:
+            self._progress.stop()
 
     def update(self, progress: Iterable[tracker_pb2.TaskProgress]) -> None:
         for task in progress:
             state = task_state(task.state)
-            total, done = _units(task.units if task.HasField("units") else None, task.units_done, state)
+            units = task.units if task.HasField("units") else None
+            if not self._live:
+                self._line(task.task_id, state, task.units_done, units)
+                continue
+            total, done = _units(units, task.units_done, state)
             bar = self._bars.get(task.task_id)
             if bar is None:
                 bar = self._bars[task.task_id] = self._progress.add_task(task.task_id, total=total, state="")
             self._progress.update(bar, total=total, completed=done, state=state)
+
+    def _line(self, task_id: str, state: str, done: int, units: int | None) -> None:
+        if self._seen.get(task_id) == (state, done, units):
+            return
+        self._seen[task_id] = (state, done, units)
+        now = datetime.now().astimezone().strftime("%H:%M:%S")
+        counted = f" {done}/{units} units" if units is not None else ""
+        self._out.print(f"{now} {task_id} {state}{counted}", soft_wrap=True)

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import yaml
-from pydantic import TypeAdapter, ValidationError
-from simrun_core.config import NodeConfig, ServerConfig
-from simrun_core.errors import InvalidArgument
-from simrun_core.validation import first_error
+from simrun_core.errors import FailedPrecondition, InvalidArgument
+
+if TYPE_CHECKING:  # imported where used: the other commands start without pydantic and yaml
+    from simrun_core.config import NodeConfig, ServerConfig
 
 
 def load_nodes(path: Path) -> list[NodeConfig]:
     """The nodes of a YAML file: a list of `{name, cores, memory_gb, gpus}`, or a mapping with such a `nodes:`."""
+    import yaml
+    from pydantic import TypeAdapter, ValidationError
+    from simrun_core.config import NodeConfig
+    from simrun_core.validation import first_error
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -31,8 +41,83 @@ def load_nodes(path: Path) -> list[NodeConfig]:
     return nodes
 
 
+def check_address(address: str) -> str:
+    """`address` when it is `HOST:PORT` with a port from 0 (any free one) to 65535 and a host this machine resolves.
+
+    Raises:
+        InvalidArgument: what is wrong with it, in one line.
+    """
+    host, colon, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")  # [::1]:50551
+    if not colon or not host:
+        raise InvalidArgument(f"--address {address!r}: give HOST:PORT, e.g. 127.0.0.1:50551 (port 0: any free one)")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidArgument(f"--address {address!r}: the port must be a number from 0 to 65535")
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
+        raise InvalidArgument(f"--address {address!r}: cannot resolve the host {host!r} ({reason})") from None
+    return address
+
+
+def check_port_free(address: str) -> None:
+    """Refuses an address another process listens at: grpc binds with SO_REUSEPORT, so it would share the port.
+
+    Raises:
+        FailedPrecondition: the port is taken.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if int(port) == 0:
+        return
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise FailedPrecondition(
+                f"cannot listen at {address}: {exc.strerror or exc}; is another simrun server running?"
+            ) from None
+
+
+@contextlib.contextmanager
+def store_lock(store: Path) -> Iterator[None]:
+    """Holds the store's server lock while serving: two servers driving one store would run every pod twice.
+
+    Raises:
+        FailedPrecondition: another server holds it.
+    """
+    with (store / ".server.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FailedPrecondition(
+                f"another simrun server serves the store {store}; is another simrun server running?"
+            ) from None
+        yield
+
+
+def prepare_folders(config: ServerConfig) -> None:
+    """Makes the home and the store, so that a store the server cannot write is said as such before it serves.
+
+    Raises:
+        InvalidArgument: a folder cannot be made or written, with the reason.
+    """
+    for what, folder in (("home", config.home), ("store", config.store)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".simrun-write-check-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise InvalidArgument(f"cannot use {folder} as the {what}: {exc.strerror or exc}") from None
+
+
 def server_config(config: Path | None, store: Path | None, address: str | None, nodes: Path | None) -> ServerConfig:
     """The config file's settings (or the defaults), with the options given on the command line on top."""
+    from simrun_core.config import ServerConfig
+
     base = ServerConfig.load(config) if config is not None else ServerConfig()
     updates: dict[str, object] = {}
     if store is not None:
@@ -42,14 +127,22 @@ def server_config(config: Path | None, store: Path | None, address: str | None, 
     if nodes is not None:
         local = base.executor.local.model_copy(update={"nodes": load_nodes(nodes)})
         updates["executor"] = base.executor.model_copy(update={"local": local})
-    return base.model_copy(update=updates)
+    merged = base.model_copy(update=updates)
+    check_address(merged.address)
+    return merged
 
 
 @click.command()
 @click.option(
     "--store", type=click.Path(file_okay=False, path_type=Path), help="The run store; default ~/.simrun/store."
 )
-@click.option("--address", metavar="HOST:PORT", help="Where to listen; default 127.0.0.1:50551.")
+@click.option(
+    "--address",
+    envvar="SIMRUN_ENDPOINT",
+    show_envvar=True,
+    metavar="HOST:PORT",
+    help="Where to listen; default 127.0.0.1:50551, where clients look (the same variable tells them both).",
+)
 @click.option(
     "--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), help="A server config."
 )
@@ -63,19 +156,30 @@ def server(store: Path | None, address: str | None, config_file: Path | None, no
     from simrun_gateway.embedded import EmbeddedServer, serve  # here: the other commands need no services
 
     config = server_config(config_file, store, address, nodes)
+    prepare_folders(config)
+    check_port_free(config.address)
 
     def ready(embedded: EmbeddedServer) -> None:
         click.echo(f"simrun serves at {embedded.address}, runs in {config.store}")
-        if config.tokens_file is None:
+        if config.tokens_file is not None:
+            click.echo(f"tokens from {config.tokens_file}")
+        elif embedded.token:
             click.echo(f"the owner's token is in {config.home / 'token'}, where clients on this machine find it")
         else:
-            click.echo(f"tokens from {config.tokens_file}")
+            click.echo(
+                f"tokens from {config.home / 'tokens.yaml'}; there is no {config.home / 'token'}, "
+                "so clients need --token or SIMRUN_TOKEN"
+            )
         click.echo("stop it with Ctrl-C")
 
     try:
-        serve(config, ready=ready)
-    except OSError as exc:
+        with store_lock(config.store):
+            serve(config, ready=ready)
+    except (OSError, RuntimeError) as exc:
+        # grpc says RuntimeError ("Failed to bind") when the port is taken; the address itself was checked above.
+        if "bind" not in str(exc).lower():
+            raise click.ClickException(f"cannot serve at {config.address}: {exc}") from None
         raise click.ClickException(
-            f"cannot serve at {config.address}: {exc}; is another simrun server running?"
+            f"cannot listen at {config.address}: the port is in use; is another simrun server running?"
         ) from None
     click.echo("simrun stopped")

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
-from simrun_core.config import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
+from simrun_core.home import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.rpc.errors import to_domain_error
 from simrun_core.telemetry import Telemetry, process_telemetry
-from simrun_core.workflow import parse_workflow
-from simrun_snapshot.convert import snapshot_to_proto
 
 from simrun_client.channel import SERVICE_NAME, open_channel
-from simrun_client.snapshots import SnapshotResult, snapshot_to_store, upload_snapshot
+
+if TYPE_CHECKING:
+    from simrun_client.snapshots import SnapshotResult
 
 T = TypeVar("T")
 
@@ -138,6 +139,9 @@ class Client:
             name: the source name; the tree's folder name by default.
             store: the root of the run store, when it is mounted on this machine.
         """
+        # Imported here: snapshotting (and pydantic with it) is for the commands that submit, not for `status`.
+        from simrun_client.snapshots import snapshot_to_store, upload_snapshot
+
         tree = Path(tree)
         if not tree.is_dir():
             raise InvalidArgument(f"cannot snapshot {tree}: not a folder")
@@ -236,6 +240,8 @@ class Client:
             store: the run store when it is mounted here.
             rerun: tasks to compute again.
         """
+        from simrun_snapshot.convert import snapshot_to_proto
+
         with self.telemetry.span("simrun_client.resume", attributes={"simrun.resume_from": run_id}) as span:
             earlier = self.get_run(run_id)
             root = Path(model)
@@ -330,10 +336,69 @@ class Client:
                 return nodes
             request.page_token = response.next_page_token
 
+    def outputs(
+        self, run_id: str, task_id: str | None = None, port: str | None = None, page_size: int = 0
+    ) -> list[tracker_pb2.OutputFile]:
+        """The files of a run's output ports (of one task, of one port) with their paths in the store and sizes."""
+        request = tracker_pb2.ListOutputsRequest(
+            run_id=run_id, task_id=task_id or "", port=port or "", page_size=page_size
+        )
+        files: list[tracker_pb2.OutputFile] = []
+        while True:
+            response = self._call(self._tracker.ListOutputs, request)
+            files.extend(response.files)
+            if not response.next_page_token:
+                return files
+            request.page_token = response.next_page_token
+
+    def fetch_output(self, run_id: str, task_id: str, port: str, dest: str | Path) -> list[Path]:
+        """Copies an output port's files into the folder `dest` (made if missing) through the gateway.
+
+        The files are written beside `dest` first and moved in once every one arrived, so a failed fetch
+        leaves nothing half-written. Returns the files written, in `dest`.
+
+        Raises:
+            InvalidArgument: `dest` is a file, or the server named a path outside the port (refused).
+        """
+        dest = Path(dest)
+        if dest.exists() and not dest.is_dir():
+            raise InvalidArgument(f"{dest} is a file: give a folder to copy the output {port!r} into")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        request = tracker_pb2.FetchOutputRequest(run_id=run_id, task_id=task_id, port=port)
+        with tempfile.TemporaryDirectory(prefix=".simrun-fetch-", dir=dest.parent) as staging:
+            written: list[str] = []
+            handle = None
+            try:
+                for piece in self._stream(self._tracker.FetchOutput, request):
+                    relative = PurePosixPath(piece.path)
+                    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+                        raise InvalidArgument(f"refused the output path {piece.path!r}: it leaves the port")
+                    if piece.offset == 0:
+                        if handle is not None:
+                            handle.close()
+                        target = Path(staging, *relative.parts)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        handle = target.open("wb")
+                        written.append(piece.path)
+                    assert handle is not None, "a file's first piece has offset 0"
+                    handle.write(piece.data)
+            finally:
+                if handle is not None:
+                    handle.close()
+            dest.mkdir(exist_ok=True)
+            for path in written:
+                target = dest.joinpath(*PurePosixPath(path).parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                Path(staging, *PurePosixPath(path).parts).replace(target)
+        return [dest.joinpath(*PurePosixPath(path).parts) for path in written]
+
     def _prepare(
         self, workflow_path: str | Path, model: str | Path | None, store: str | Path | None
     ) -> tuple[str, list[common_pb2.Snapshot]]:
         """The workflow's text, checked here first so a bad file costs no snapshot, and the model's snapshot."""
+        from simrun_core.workflow import parse_workflow
+        from simrun_snapshot.convert import snapshot_to_proto
+
         path = Path(workflow_path)
         try:
             text = path.read_text()

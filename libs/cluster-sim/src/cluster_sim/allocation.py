@@ -54,10 +54,11 @@ class Allocation:
     admission_fraction: float = 1.0
 
     def __post_init__(self) -> None:
-        quota = tuple(float(q) for q in self.online_quota)
-        for j, q in enumerate(quota):
-            if not math.isfinite(q) or q < 0:
-                raise ValueError(f"online_quota[{j}] must be a finite number >= 0, got {q}")
+        quota = tuple(map(float, self.online_quota))
+        if not all(map(math.isfinite, quota)) or (quota and min(quota) < 0):
+            for j, q in enumerate(quota):
+                if not math.isfinite(q) or q < 0:
+                    raise ValueError(f"online_quota[{j}] must be a finite number >= 0, got {q}")
         object.__setattr__(self, "online_quota", quota)
         try:
             object.__setattr__(self, "queue_order", QueueOrder(self.queue_order))
@@ -111,7 +112,26 @@ def decode_online_action(
     if not 0 <= index < len(ONLINE_ACTIONS):
         raise ValueError(f"online action must be in 0..{len(ONLINE_ACTIONS) - 1}, got {action}")
     margin = ONLINE_ACTIONS[index].margin
-    return tuple(min(float(d) + margin * m.cpu, m.cpu) for d, m in zip(demand, machines, strict=True))
+    if len(demand) != len(machines):
+        raise ValueError(f"demand gives {len(demand)} values for {len(machines)} machine(s)")
+    # min(demand + margin × cores, cores) per machine, as whole-array float operations.
+    cpu = _cores(machines)
+    return tuple(np.minimum(np.asarray(demand, dtype=float) + margin * cpu, cpu).tolist())
+
+
+_last_cores: tuple[Sequence[Machine], np.ndarray] | None = None
+
+
+def _cores(machines: Sequence[Machine]) -> np.ndarray:
+    """The machines' cores as a read-only array, kept for the last sequence asked (one per episode)."""
+    global _last_cores
+    last = _last_cores
+    if last is not None and last[0] is machines and isinstance(machines, tuple):
+        return last[1]
+    cpu = np.array([m.cpu for m in machines], dtype=float)
+    cpu.flags.writeable = False
+    _last_cores = (machines, cpu)
+    return cpu
 
 
 def decode_batch_action(action: int) -> BatchAction:

@@ -138,6 +138,9 @@ class ProcessFlow:
     horizon: float = 3600.0
     provenance: str = ""
     _by_name: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # What simulators derive from the flow (arrays, sorted orders), kept so each new simulator of the
+    # same flow (one per episode) need not derive it again; the flow is immutable, so it never goes stale.
+    _derived: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "machines", tuple(self.machines))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from cluster_sim._structures import TOL, MachineIndex, OrderedQueue
 from cluster_sim.allocation import Allocation, QueueOrder
 from cluster_sim.models import (
     CostBreakdown,
@@ -35,7 +37,25 @@ _RUNNING = 2
 _FINISHED = 3
 
 # Absolute slack for comparisons of sums of cores and memory, which accumulate rounding.
-_TOL = 1e-9
+_TOL = TOL
+
+# Above this many machines to update at once, numpy's vector operations beat a loop over Python floats.
+_BULK = 16
+
+# ``ndarray.sum`` without its Python wrapper: the same reduction, in the same order.
+_add_reduce = np.add.reduce
+
+# States of the batch CPU in use summed per numpy call.
+_USE_ROWS = 256
+
+# Demand samples whose online shortfall is computed per numpy call (until the quota changes).
+_SHORTFALL_AHEAD = 8
+
+# Above this many queued processes, a placement pass filters the queue with numpy first.
+_LONG_QUEUE = 48
+
+# Up to this many machines whose free resources grew, an older process is checked against each first.
+_FEW_GROWN = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,15 +108,103 @@ class SimulatorConfig:
             object.__setattr__(self, "aging_limit", limit)
 
 
+@dataclass(frozen=True, slots=True)
+class _FlowTables:
+    """What the simulator derives from a flow, once per flow: arrays are read-only, lists never written.
+
+    Python lists of floats serve the per-event arithmetic (the same IEEE operations as on the
+    arrays, without numpy's per-element overhead); the arrays serve reports and whole-cluster sums.
+    """
+
+    cpu: np.ndarray  # cores per machine
+    batch_memory: np.ndarray
+    p_release: np.ndarray  # s
+    p_cpu: np.ndarray  # cores
+    p_memory: np.ndarray
+    p_duration: np.ndarray  # s
+    cpu_list: list[float]
+    batch_memory_list: list[float]
+    p_cpu_list: list[float]
+    p_memory_list: list[float]
+    p_duration_list: list[float]
+    queues: dict[QueueOrder, OrderedQueue]  # empty, one per order, to copy
+    fifo_release: list[float]  # release times in FIFO order
+    release_process: list[int]  # processes in FIFO order: the order equal release times are handled in
+    release_time: list[float]  # fifo_release and a final infinity
+    demand_samples: np.ndarray  # (samples, machines) cores; a row serves as the current demand
+    demand_time: list[float]  # sample times and a final infinity
+
+    @classmethod
+    def of(cls, flow: ProcessFlow) -> _FlowTables:
+        """The tables of ``flow``, derived on first use and kept with the flow."""
+        tables = flow._derived.get(__name__)
+        if not isinstance(tables, _FlowTables):
+            tables = cls._derive(flow)
+            flow._derived[__name__] = tables
+        return tables
+
+    @classmethod
+    def _derive(cls, flow: ProcessFlow) -> _FlowTables:
+        machines = flow.machines
+        processes = flow.processes
+        n = len(processes)
+        cpu = np.array([m.cpu for m in machines], dtype=float)
+        batch_memory = np.array([m.batch_memory for m in machines], dtype=float)
+        p_release = np.array([p.release for p in processes], dtype=float)
+        p_cpu = np.array([p.cpu for p in processes], dtype=float)
+        p_memory = np.array([p.memory for p in processes], dtype=float)
+        p_duration = np.array([p.duration for p in processes], dtype=float)
+        p_estimate = np.array([p.estimate for p in processes], dtype=float)
+        index = np.arange(n)
+        total_memory = float(batch_memory.sum())
+        share = np.maximum(p_cpu / float(cpu.sum()), p_memory / total_memory if total_memory > 0 else 0.0)
+        fifo = np.lexsort((index, p_release))
+        orders = {
+            QueueOrder.FIFO: fifo,
+            QueueOrder.SHORTEST_ESTIMATE: np.lexsort((index, p_release, p_estimate)),
+            QueueOrder.DOMINANT_SHARE: np.lexsort((index, p_release, share)),
+        }
+        demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), len(machines))
+        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_samples):
+            array.flags.writeable = False
+        fifo_release = p_release[fifo].tolist()
+        return cls(
+            cpu=cpu,
+            batch_memory=batch_memory,
+            p_release=p_release,
+            p_cpu=p_cpu,
+            p_memory=p_memory,
+            p_duration=p_duration,
+            cpu_list=cpu.tolist(),
+            batch_memory_list=batch_memory.tolist(),
+            p_cpu_list=p_cpu.tolist(),
+            p_memory_list=p_memory.tolist(),
+            p_duration_list=p_duration.tolist(),
+            queues={order: OrderedQueue(ranking) for order, ranking in orders.items()},
+            fifo_release=fifo_release,
+            release_process=fifo.tolist(),
+            release_time=[*fifo_release, math.inf],
+            demand_samples=demand_samples,
+            demand_time=[*(s.time for s in flow.demand), math.inf],
+        )
+
+
 class ClusterSimulator:
     """Discrete-event simulator of one :class:`ProcessFlow` under submitted allocations.
 
     The simulator jumps between exact event times (releases, demand samples, delayed allocations,
-    completions and the time asked for by :meth:`advance`). Events live in one heap keyed by
-    ``(time, priority, sequence)`` so equal times resolve the same way on every run. Each machine
-    keeps a virtual clock of "full-speed seconds": every process on a machine progresses at the
-    same fraction of its CPU request, so a process finishes when its machine's virtual clock has
-    advanced by its duration, and a rate change reschedules one event per machine.
+    completions and the time asked for by :meth:`advance`). Events are ordered by
+    ``(time, priority, sequence)`` so equal times resolve the same way on every run: releases and
+    demand samples are read in that order from the flow's sorted lists, and the events made while
+    running (completions, allocations) live in a heap, so its size follows the machines, not the
+    flow. Each machine keeps a virtual clock of "full-speed seconds": every process on a machine
+    progresses at the same fraction of its CPU request, so a process finishes when its machine's
+    virtual clock has advanced by its duration, and a rate change reschedules one event per machine.
+
+    The cost of an event does not grow with the flow: the queue is kept sorted in each queue order
+    and touched only where a process enters or starts, machines are kept sorted by free CPU for best
+    fit and re-sorted only where their free resources change, and CPU rates are recomputed only on
+    the machines whose budget or requests changed.
 
     Args:
         flow: The process flow to simulate.
@@ -114,53 +222,62 @@ class ClusterSimulator:
     ) -> None:
         self._flow = flow
         self._config = config if config is not None else SimulatorConfig()
-        machines = flow.machines
-        processes = flow.processes
-        m_count = len(machines)
-        n = len(processes)
-        self._cpu = np.array([m.cpu for m in machines], dtype=float)  # cores
-        self._batch_memory = np.array([m.batch_memory for m in machines], dtype=float)
-        self._p_release = np.array([p.release for p in processes], dtype=float)  # s
-        self._p_cpu = np.array([p.cpu for p in processes], dtype=float)  # cores
-        self._p_memory = np.array([p.memory for p in processes], dtype=float)
-        self._p_duration = np.array([p.duration for p in processes], dtype=float)  # s
-        self._p_estimate = np.array([p.estimate for p in processes], dtype=float)  # s
-        index = np.arange(n)
-        total_memory = float(self._batch_memory.sum())
-        share = np.maximum(
-            self._p_cpu / float(self._cpu.sum()),
-            self._p_memory / total_memory if total_memory > 0 else 0.0,
-        )
-        self._orders = {
-            QueueOrder.FIFO: np.lexsort((index, self._p_release)),
-            QueueOrder.SHORTEST_ESTIMATE: np.lexsort((index, self._p_release, self._p_estimate)),
-            QueueOrder.DOMINANT_SHARE: np.lexsort((index, self._p_release, share)),
-        }
-        self._fifo = self._orders[QueueOrder.FIFO]
-        self._fifo_release = self._p_release[self._fifo]
-        self._fifo_pointer = 0
+        tables = _FlowTables.of(flow)
+        m_count = len(flow.machines)
+        n = len(flow.processes)
+        self._cpu = tables.cpu  # cores
+        self._batch_memory = tables.batch_memory
+        self._p_release = tables.p_release  # s
+        self._p_cpu = tables.p_cpu  # cores
+        self._p_memory = tables.p_memory
+        self._p_duration = tables.p_duration  # s
+        self._cpu_list = tables.cpu_list
+        self._batch_memory_list = tables.batch_memory_list
+        self._p_cpu_list = tables.p_cpu_list
+        self._p_memory_list = tables.p_memory_list
+        self._p_duration_list = tables.p_duration_list
+        self._queues = {order: queue.empty_copy() for order, queue in tables.queues.items()}
+        self._fifo_queue = self._queues[QueueOrder.FIFO]
+        self._fifo_release = tables.fifo_release
+        self._release_process = tables.release_process
+        self._release_time = tables.release_time
+        self._next_release = 0
 
         self._state = np.zeros(n, dtype=np.int8)
-        self._queued = np.zeros(n, dtype=bool)
         self._machine_of = np.full(n, -1, dtype=np.int64)
         self._start = np.full(n, np.nan)
         self._finish = np.full(n, np.nan)
         self._target = np.zeros(n)  # the machine's virtual clock value at which the process is done
 
-        self._demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), m_count)
+        self._demand_samples = tables.demand_samples
+        self._demand_time = tables.demand_time
+        self._next_demand = 0
         self._demand = np.zeros(m_count)  # cores
         self._quota = np.zeros(m_count)  # cores
-        self._requested = np.zeros(m_count)  # cores requested by running processes
-        self._memory_used = np.zeros(m_count)
-        self._virtual = np.zeros(m_count)  # full-speed seconds elapsed on the machine
-        self._virtual_at = np.zeros(m_count)  # time at which _virtual was last brought up to date
-        self._rate = np.ones(m_count)  # fraction of its request each running process gets
-        self._version = np.zeros(m_count, dtype=np.int64)
+        self._budget_array = self._cpu.copy()  # cores batch processes may use, kept with quota and demand
+        self._budget_list: list[float] = self._budget_array.tolist()
+        self._requested = [0.0] * m_count  # cores requested by running processes
+        self._requested_array = np.zeros(m_count)  # the same values, for the sums over machines
+        self._memory_used = [0.0] * m_count
+        self._virtual = [0.0] * m_count  # full-speed seconds elapsed on the machine
+        self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
+        self._rate = [1.0] * m_count  # fraction of its request each running process gets
+        self._rate_array = np.ones(m_count)  # the same values, for the sums over machines
+        self._use = np.zeros(m_count)  # requested × rate per machine: the batch CPU in use, cores
+        # Batch CPU in use, summed over machines as numpy sums them, once per batch of states: each
+        # state's per-machine values are a row, and each integration step notes its row and length.
+        self._use_rows = np.zeros((_USE_ROWS, m_count))
+        self._use_row_count = 0
+        self._use_steps: list[tuple[int, float]] = []
+        self._version = [0] * m_count
         self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
         self._changed: set[int] = set()  # machines whose batch budget or requested CPU changed
         self._touched: set[int] = set()  # machines whose set of running processes changed
+        self._free = MachineIndex([0.0] * m_count, self._batch_memory_list)
+        self._stale: set[int] = set(range(m_count))  # machines whose entry in _free is out of date
         self._dirty = False
+        self._fresh: list[int] = []  # processes released since the last placement pass
 
         self._order = QueueOrder.FIFO
         self._fraction = 1.0
@@ -171,21 +288,18 @@ class ClusterSimulator:
         self._n_finished = 0
         self._queued_cpu = 0.0
         self._shortfall_rate = 0.0  # cores
-        self._batch_use_rate = 0.0  # cores
+        self._shortfall_ahead: list[float] = []  # shortfall of samples from _shortfall_from on, current quota
+        self._shortfall_from = 0
+        self._batch_use_rate = 0.0  # cores, when no row is pending
+        self._use_rate_stale = False  # requests or rates changed since the last row
         self._shortfall = 0.0  # core-seconds after the warm-up
         self._unfinished = 0.0  # process-seconds after the warm-up
         self._quota_change = 0.0  # cores after the warm-up
         self._batch_used = 0.0  # core-seconds
         self._events = 0
 
-        heap: list[tuple[float, int, int, object]] = []
-        for i in self._fifo.tolist():
-            heap.append((float(self._p_release[i]), _RELEASE, len(heap), i))
-        for k, sample in enumerate(flow.demand):
-            heap.append((sample.time, _DEMAND, len(heap), k))
-        heapq.heapify(heap)
-        self._heap = heap
-        self._sequence = len(heap)
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._sequence = n + len(flow.demand)  # the flow's own events come first at equal keys
 
         if initial_allocation is None:
             first = flow.demand[0].cpu if flow.demand and flow.demand[0].time == 0 else (0.0,) * m_count
@@ -195,6 +309,7 @@ class ClusterSimulator:
         self._order = QueueOrder(initial_allocation.queue_order)
         self._fraction = initial_allocation.admission_fraction
         self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
+        self._set_budget()
 
     # Public API -----------------------------------------------------------------------------
 
@@ -253,21 +368,35 @@ class ClusterSimulator:
             raise ValueError(f"cannot advance to t={time}: the simulator is already at t={self._time}")
         target = min(float(time), self._flow.horizon)
         heap = self._heap
-        while heap and heap[0][0] <= target:
-            now = heap[0][0]
+        release_time = self._release_time
+        release_process = self._release_process
+        demand_time = self._demand_time
+        while True:
+            # The next instant: the earliest of the heap, the next demand sample and the next release.
+            now = release_time[self._next_release]
+            if demand_time[self._next_demand] < now:
+                now = demand_time[self._next_demand]
+            if heap and heap[0][0] < now:
+                now = heap[0][0]
+            if not now <= target:
+                break
             self._integrate(now)
             self._time = now
             handled = self._events
+            # At one instant: completions, then allocations (both in the heap, by priority and
+            # sequence), then the demand sample, then releases in FIFO order.
             while heap and heap[0][0] == now:
                 _, kind, _, payload = heapq.heappop(heap)
                 if kind == _COMPLETION:
                     self._complete(*payload)  # type: ignore[misc]
-                elif kind == _ALLOCATION:
-                    self._apply(payload)  # type: ignore[arg-type]
-                elif kind == _DEMAND:
-                    self._set_demand(payload)  # type: ignore[arg-type]
                 else:
-                    self._release(payload)  # type: ignore[arg-type]
+                    self._apply(payload)  # type: ignore[arg-type]
+            if demand_time[self._next_demand] == now:
+                self._set_demand(self._next_demand)
+                self._next_demand += 1
+            while release_time[self._next_release] == now:
+                self._release(release_process[self._next_release])
+                self._next_release += 1
             if self._events == handled:
                 continue  # only superseded completions were due
             if self._dirty:
@@ -283,8 +412,6 @@ class ClusterSimulator:
         """The cluster at the current time, without advancing."""
         rows: tuple[QueueRow, ...] = ()
         if queue_rows > 0 and self._n_queued:
-            order = self._orders[self._order]
-            waiting = order[self._queued[order]][:queue_rows]
             processes = self._flow.processes
             rows = tuple(
                 QueueRow(
@@ -294,16 +421,16 @@ class ClusterSimulator:
                     processes[i].estimate,
                     self._time - processes[i].release,
                 )
-                for i in waiting.tolist()
+                for i in self._queues[self._order].processes(queue_rows)
             )
         return SimulationObservation(
             time=self._time,
             demand=self._demand.copy(),
             online_quota=self._quota.copy(),
-            batch_budget=self._budget(),
-            batch_cpu_requested=self._requested.copy(),
-            batch_cpu_in_use=self._requested * self._rate,
-            batch_memory_in_use=self._memory_used.copy(),
+            batch_budget=self._budget_array.copy(),
+            batch_cpu_requested=self._requested_array.copy(),
+            batch_cpu_in_use=self._requested_array * self._rate_array,
+            batch_memory_in_use=np.array(self._memory_used),
             queued=self._n_queued,
             running=self._n_running,
             finished=self._n_finished,
@@ -368,7 +495,7 @@ class ClusterSimulator:
             completed_work=float(done.sum()),
             restricted_flow_time=flow_time,
             mean_restricted_flow_time=flow_time / self._n_released if self._n_released else 0.0,
-            batch_cpu_used=float(self._batch_used),
+            batch_cpu_used=float(self._flush_use()),
             events=self._events,
             costs=self.costs(),
         )
@@ -398,20 +525,35 @@ class ClusterSimulator:
     def _release(self, i: int) -> None:
         self._events += 1
         self._state[i] = _QUEUED
-        self._queued[i] = True
+        for queue in self._queues.values():
+            queue.add(i)
+        self._fresh.append(i)
         self._n_released += 1
         self._n_queued += 1
-        self._queued_cpu += self._p_cpu[i]
+        self._queued_cpu += self._p_cpu_list[i]
         self._dirty = True
 
     def _set_demand(self, k: int) -> None:
         self._events += 1
         demand = self._demand_samples[k]
         if self._config.borrowing:
-            self._changed.update(np.flatnonzero(demand != self._demand).tolist())
+            moved = np.flatnonzero(demand != self._demand).tolist()
+            self._changed.update(moved)
+            self._stale.update(moved)
             self._dirty = True
-        self._demand = demand.copy()
-        self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
+        self._demand = demand
+        offset = k - self._shortfall_from
+        ahead = self._shortfall_ahead
+        if not 0 <= offset < len(ahead):
+            # The shortfall of the next samples under the current quota, one row per sample (a row-wise
+            # reduction sums each row exactly as summing it alone does).
+            rows = np.maximum(self._demand_samples[k : k + _SHORTFALL_AHEAD] - self._quota, 0.0)
+            ahead = self._shortfall_ahead = _add_reduce(rows, axis=1).tolist()
+            self._shortfall_from = k
+            offset = 0
+        self._shortfall_rate = ahead[offset]
+        if self._config.borrowing:
+            self._set_budget()
 
     def _apply(self, allocation: Allocation) -> None:
         self._events += 1
@@ -422,7 +564,11 @@ class ClusterSimulator:
         self._order = QueueOrder(allocation.queue_order)
         self._fraction = allocation.admission_fraction
         self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
-        self._changed.update(range(len(self._cpu)))
+        self._shortfall_ahead = []  # computed under the old quota
+        self._set_budget()
+        every = range(len(self._cpu_list))
+        self._changed.update(every)
+        self._stale.update(every)
         self._dirty = True
 
     def _complete(self, j: int, version: int) -> None:
@@ -433,104 +579,224 @@ class ClusterSimulator:
         virtual = self._virtual[j]
         slack = 1e-9 * max(1.0, abs(virtual))
         running = self._running[j]
+        p_cpu = self._p_cpu_list
+        p_memory = self._p_memory_list
+        requested = self._requested[j]
+        memory_used = self._memory_used[j]
         first = True
         while running and (first or running[0][0] <= virtual + slack):
             first = False
             _, i = heapq.heappop(running)
             self._state[i] = _FINISHED
             self._finish[i] = self._time
-            self._requested[j] -= self._p_cpu[i]
-            self._memory_used[j] -= self._p_memory[i]
+            requested -= p_cpu[i]
+            memory_used -= p_memory[i]
             self._n_running -= 1
             self._n_finished += 1
         if not running:
             # Reset exactly so rounding does not accumulate over a long run.
-            self._requested[j] = 0.0
-            self._memory_used[j] = 0.0
+            requested = 0.0
+            memory_used = 0.0
+        self._requested[j] = requested
+        self._requested_array[j] = requested
+        self._use[j] = requested * self._rate[j]
+        self._use_rate_stale = True
+        self._memory_used[j] = memory_used
         self._changed.add(j)
         self._touched.add(j)
+        self._stale.add(j)
         self._dirty = True
 
     # Placement and rates --------------------------------------------------------------------
 
-    def _budget(self) -> np.ndarray:
+    def _set_budget(self) -> None:
+        """Recompute the batch budget per machine; called wherever the quota or (when borrowing) demand changes."""
         if self._config.borrowing:
-            return self._cpu - np.minimum(self._quota, self._demand)
-        return self._cpu - self._quota
+            budget = self._cpu - np.minimum(self._quota, self._demand)
+        else:
+            budget = self._cpu - self._quota
+        self._budget_array = budget
+        self._budget_list = budget.tolist()
+
+    def _refresh_free(self) -> list[int]:
+        """Bring the free CPU (admitted minus requested) and memory of the stale machines up to date.
+
+        Returns:
+            The machines where either grew since the end of the last placement pass, in no order.
+        """
+        stale = self._stale
+        if not stale:
+            return []
+        fraction = self._fraction
+        budget = self._budget_list
+        requested = self._requested
+        batch_memory = self._batch_memory_list
+        memory_used = self._memory_used
+        free = self._free
+        if len(stale) > _BULK:
+            old_cpu, old_memory = free.cpu, free.memory
+            new_cpu = [fraction * b - r for b, r in zip(budget, requested, strict=True)]
+            new_memory = [b - u for b, u in zip(batch_memory, memory_used, strict=True)]
+            grew = [j for j in stale if new_cpu[j] > old_cpu[j] or new_memory[j] > old_memory[j]]
+            free.rebuild(new_cpu, new_memory)
+        else:
+            grew = []
+            for j in stale:
+                cpu = fraction * budget[j] - requested[j]
+                memory = batch_memory[j] - memory_used[j]
+                if cpu > free.cpu[j] or memory > free.memory[j]:
+                    grew.append(j)
+                free.set(j, cpu, memory)
+        stale.clear()
+        return grew
 
     def _schedule(self) -> None:
-        self._dirty = False
-        if self._n_queued == 0:
-            return
-        budget = self._budget()
-        admitted = self._fraction * budget
-        free_cpu = admitted - self._requested
-        free_memory = self._batch_memory - self._memory_used
-        p_cpu = self._p_cpu
-        p_memory = self._p_memory
-        limit = self._config.aging_limit
-        if limit is not None:
-            fifo = self._fifo
-            pointer = self._fifo_pointer
-            while pointer < len(fifo) and self._state[fifo[pointer]] >= _RUNNING:
-                pointer += 1
-            self._fifo_pointer = pointer
-            end = int(np.searchsorted(self._fifo_release, self._time - limit, side="right"))
-            if end > pointer:
-                aged = fifo[pointer:end]
-                for i in aged[self._queued[aged]].tolist():
-                    feasible = (admitted >= p_cpu[i] - _TOL) & (self._batch_memory >= p_memory[i] - _TOL)
-                    if not feasible.any():
-                        continue  # cannot start under the current budgets even on an empty machine
-                    if self._place(i, free_cpu, free_memory):
-                        continue
-                    # Reserve the feasible machine closest to fitting it: nothing younger starts there,
-                    # so it drains until the oldest process fits (other machines keep working).
-                    shortage = np.maximum(p_cpu[i] - free_cpu, 0.0) / self._cpu + np.maximum(
-                        p_memory[i] - free_memory, 0.0
-                    ) / np.maximum(self._batch_memory, _TOL)
-                    shortage[~feasible] = np.inf
-                    free_cpu[int(np.argmin(shortage))] = -np.inf
-                    break
-        order = self._orders[self._order]
-        max_cpu = free_cpu.max()
-        max_memory = free_memory.max()
-        candidates = order[
-            self._queued[order] & (p_cpu[order] <= max_cpu + _TOL) & (p_memory[order] <= max_memory + _TOL)
-        ]
-        for i in candidates.tolist():
-            if p_cpu[i] > max_cpu + _TOL or p_memory[i] > max_memory + _TOL:
-                continue
-            if self._place(i, free_cpu, free_memory):
-                max_cpu = free_cpu.max()
-                max_memory = free_memory.max()
+        """One placement pass: the aged processes first (the aging guard), then the queue in its order.
 
-    def _place(self, i: int, free_cpu: np.ndarray, free_memory: np.ndarray) -> bool:
-        cpu = self._p_cpu[i]
-        memory = self._p_memory[i]
-        fits = np.flatnonzero((free_cpu >= cpu - _TOL) & (free_memory >= memory - _TOL))
-        if fits.size == 0:
-            return False
-        if fits.size == 1:
-            j = int(fits[0])
+        Every process still queued after a pass failed to fit at the free resources the pass ended
+        with, and fails at any smaller ones. So the next pass need only consider the processes
+        released since (fresh), plus the old ones that fit a machine whose free resources grew;
+        neither skipping changes what the pass places, only what it costs.
+        """
+        self._dirty = False
+        fresh = self._fresh
+        if self._n_queued == 0:
+            fresh.clear()
+            return
+        grew = self._refresh_free()
+        self._place_aged()
+        if self._n_queued:
+            self._place_queued(fresh, grew)
+        fresh.clear()
+
+    def _place_aged(self) -> None:
+        """The aging guard: place the aged processes, oldest first, until one could start but does not fit."""
+        limit = self._config.aging_limit
+        if limit is None:
+            return
+        p_cpu = self._p_cpu_list
+        p_memory = self._p_memory_list
+        batch_memory = self._batch_memory_list
+        admitted: list[float] | None = None
+        for i in self._fifo_queue.processes_before(bisect_right(self._fifo_release, self._time - limit)):
+            if admitted is None:
+                fraction = self._fraction
+                admitted = [fraction * b for b in self._budget_list]
+            cpu = p_cpu[i]
+            memory = p_memory[i]
+            need_cpu = cpu - _TOL
+            need_memory = memory - _TOL
+            feasible = [a >= need_cpu and b >= need_memory for a, b in zip(admitted, batch_memory, strict=True)]
+            if not any(feasible):
+                continue  # cannot start under the current budgets even on an empty machine
+            if self._place(i):
+                continue
+            # Reserve the feasible machine closest to fitting it: nothing younger starts there, so it
+            # drains until the oldest process fits (other machines keep working).
+            self._reserve(self._closest(cpu, memory, feasible))
+            break
+
+    def _place_queued(self, fresh: list[int], grew: list[int]) -> None:
+        """Walk the queue in its order and start every process that fits somewhere (backfilling).
+
+        Args:
+            fresh: The processes released since the last pass (some may have started since).
+            grew: The machines whose free CPU or memory grew since the last pass; an older process
+                can fit nowhere else.
+        """
+        free = self._free
+        p_cpu = self._p_cpu_list
+        p_memory = self._p_memory_list
+        queue = self._queues[self._order]
+        cpu_bound = free.max_cpu + _TOL
+        memory_bound = free.max_memory + _TOL
+        if len(queue) <= _LONG_QUEUE:
+            # A short queue costs less to walk whole than to sort out.
+            candidates = queue.processes()
+        elif grew:
+            free_cpu = free.cpu
+            free_memory = free.memory
+            # No older process asks less than these, so a grown machine with less can take none of them.
+            least_cpu, least_memory = queue.least(self._p_cpu, self._p_memory)
+            least_cpu -= _TOL
+            least_memory -= _TOL
+            fresh_set = set(fresh)
+            # Keep only what could fit the most any grown machine has free (and the fresh ones).
+            state = self._state
+            candidates = queue.processes_within(
+                self._p_cpu,
+                self._p_memory,
+                max(free_cpu[j] for j in grew),
+                max(free_memory[j] for j in grew),
+                [i for i in fresh if state[i] == _QUEUED],
+            )
+            few = len(grew) <= _FEW_GROWN  # else a check per grown machine costs more than a best fit
+            older_may_fit = any(free_cpu[j] >= least_cpu and free_memory[j] >= least_memory for j in grew)
+            for k, i in enumerate(candidates):
+                if not older_may_fit:
+                    candidates = [i for i in candidates[k:] if i in fresh_set]
+                    break
+                if p_cpu[i] > cpu_bound or p_memory[i] > memory_bound:
+                    continue
+                if few and i not in fresh_set:
+                    need_cpu = p_cpu[i] - _TOL
+                    need_memory = p_memory[i] - _TOL
+                    if not any(free_cpu[j] >= need_cpu and free_memory[j] >= need_memory for j in grew):
+                        continue  # it did not fit these machines before, and the others did not grow
+                if self._place(i):
+                    cpu_bound = free.max_cpu + _TOL
+                    memory_bound = free.max_memory + _TOL
+                    older_may_fit = any(free_cpu[j] >= least_cpu and free_memory[j] >= least_memory for j in grew)
+            else:
+                return
         else:
-            # Best fit: least CPU left over, then least memory left over, then the lowest index
-            # (lexsort is stable); rounding keeps float noise from breaking genuine ties.
-            cpu_left = np.round(free_cpu[fits] - cpu, 9)
-            memory_left = np.round(free_memory[fits] - memory, 9)
-            j = int(fits[np.lexsort((memory_left, cpu_left))[0]])
+            # Nothing grew: only the processes released since the last pass can start.
+            state = self._state
+            candidates = sorted((i for i in fresh if state[i] == _QUEUED), key=queue.rank)
+        for i in candidates:
+            if p_cpu[i] > cpu_bound or p_memory[i] > memory_bound:
+                continue
+            if self._place(i):
+                cpu_bound = free.max_cpu + _TOL
+                memory_bound = free.max_memory + _TOL
+
+    def _closest(self, cpu: float, memory: float, feasible: list[bool]) -> int:
+        """The feasible machine with the least missing CPU plus memory (as shares), the lowest index on ties."""
+        shortage = np.maximum(cpu - np.array(self._free.cpu), 0.0) / self._cpu + np.maximum(
+            memory - np.array(self._free.memory), 0.0
+        ) / np.maximum(self._batch_memory, _TOL)
+        shortage[~np.array(feasible)] = np.inf
+        return int(np.argmin(shortage))
+
+    def _reserve(self, j: int) -> None:
+        """Hold machine ``j`` back from younger processes for the rest of this placement pass."""
+        self._free.set(j, -math.inf, self._free.memory[j])
+        self._stale.add(j)
+
+    def _place(self, i: int) -> bool:
+        cpu = self._p_cpu_list[i]
+        memory = self._p_memory_list[i]
+        free = self._free
+        j = free.best_fit(cpu, memory)
+        if j < 0:
+            return False
         self._catch_up(j)
-        target = self._virtual[j] + self._p_duration[i]
+        target = self._virtual[j] + self._p_duration_list[i]
         heapq.heappush(self._running[j], (target, i))
         self._state[i] = _RUNNING
-        self._queued[i] = False
+        for queue in self._queues.values():
+            queue.remove(i)
         self._machine_of[i] = j
         self._start[i] = self._time
         self._target[i] = target
-        self._requested[j] += cpu
+        requested = self._requested[j] + cpu
+        self._requested[j] = requested
+        self._requested_array[j] = requested
+        self._use[j] = requested * self._rate[j]
+        self._use_rate_stale = True
         self._memory_used[j] += memory
-        free_cpu[j] -= cpu
-        free_memory[j] -= memory
+        free.set(j, free.cpu[j] - cpu, free.memory[j] - memory)
+        self._stale.add(j)
         self._n_queued -= 1
         self._n_running += 1
         self._queued_cpu = self._queued_cpu - cpu if self._n_queued else 0.0
@@ -545,23 +811,51 @@ class ClusterSimulator:
         self._virtual_at[j] = self._time
 
     def _update_rates(self) -> None:
-        if not self._changed:
+        changed = self._changed
+        if not changed:
             return
-        changed = np.fromiter(self._changed, dtype=np.int64, count=len(self._changed))
-        available = np.maximum(self._budget()[changed], 0.0)
-        requested = self._requested[changed]
+        now = self._time
+        rate = self._rate
+        virtual = self._virtual
+        virtual_at = self._virtual_at
+        moved: list[int] = []
         # Proportional slow-down: every process on the machine gets the same fraction of its request.
-        rate = np.where(requested <= available + _TOL, 1.0, available / np.where(requested > 0, requested, 1.0))
-        old = self._rate[changed]
-        moved = changed[rate != old]
-        if moved.size:
-            # Bring the virtual clocks up to now at the old rates before the rates change.
-            self._virtual[moved] += self._rate[moved] * (self._time - self._virtual_at[moved])
-            self._virtual_at[moved] = self._time
-            self._rate[changed] = rate
+        if len(changed) > _BULK:
+            # Over every machine: one whose budget and requests did not change keeps its rate.
+            available = np.maximum(self._budget_array, 0.0)
+            requested = self._requested_array
+            new = np.where(requested <= available + _TOL, 1.0, available / np.where(requested > 0, requested, 1.0))
+            differs = new != self._rate_array
+            moved = np.flatnonzero(differs).tolist()
+            new_rates = new[differs].tolist()
+        else:
+            budget = self._budget_list
+            requested_list = self._requested
+            new_rates = []
+            for j in changed:
+                available_j = budget[j]
+                if not available_j >= 0.0:
+                    available_j = 0.0
+                requested_j = requested_list[j]
+                if requested_j <= available_j + _TOL:
+                    new_j = 1.0
+                else:
+                    new_j = available_j / (requested_j if requested_j > 0 else 1.0)
+                if new_j != rate[j]:
+                    moved.append(j)
+                    new_rates.append(new_j)
+        if moved:
+            self._use_rate_stale = True
+        for j, new_j in zip(moved, new_rates, strict=True):
+            # Bring the virtual clock up to now at the old rate before the rate changes.
+            virtual[j] += rate[j] * (now - virtual_at[j])
+            virtual_at[j] = now
+            rate[j] = new_j
+            self._rate_array[j] = new_j
+            self._use[j] = self._requested[j] * new_j
         # Only machines whose rate or whose earliest-finishing process changed need a new completion.
-        for j in sorted(self._touched.union(moved.tolist())):
-            rate_j = float(self._rate[j])
+        for j in sorted(self._touched.union(moved)):
+            rate_j = rate[j]
             running = self._running[j]
             top = running[0][0] if running else None
             key = (rate_j, top)
@@ -571,21 +865,44 @@ class ClusterSimulator:
             self._version[j] += 1
             if top is not None and rate_j > 0:
                 self._catch_up(j)
-                finish = float(self._time + max(float(top - self._virtual[j]), 0.0) / rate_j)
-                self._push(finish, _COMPLETION, (j, int(self._version[j])))
-        self._changed.clear()
+                finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
+                self._push(finish, _COMPLETION, (j, self._version[j]))
+        changed.clear()
         self._touched.clear()
-        self._batch_use_rate = float((self._requested * self._rate).sum())
 
     def _integrate(self, time: float) -> None:
         elapsed = time - self._time
         if elapsed <= 0:
             return
-        self._batch_used += self._batch_use_rate * elapsed
+        if self._use_rate_stale:
+            if self._use_row_count == _USE_ROWS:
+                self._flush_use()
+            self._use_rows[self._use_row_count] = self._use
+            self._use_row_count += 1
+            self._use_rate_stale = False
+        if self._use_row_count:
+            self._use_steps.append((self._use_row_count - 1, elapsed))
+        else:
+            self._batch_used += self._batch_use_rate * elapsed
         counted = time - max(self._time, self._config.warmup)
         if counted > 0:
             self._shortfall += self._shortfall_rate * counted
             self._unfinished += (self._n_queued + self._n_running) * counted
+
+    def _flush_use(self) -> float:
+        """Add the pending integration steps to the batch CPU used, in time order; returns the total."""
+        count = self._use_row_count
+        if count:
+            # A row-wise reduction sums each row exactly as ``ndarray.sum`` sums it alone.
+            sums = _add_reduce(self._use_rows[:count], axis=1).tolist()
+            used = self._batch_used
+            for row, elapsed in self._use_steps:
+                used += sums[row] * elapsed
+            self._batch_used = used
+            self._batch_use_rate = sums[-1]
+            self._use_row_count = 0
+            self._use_steps.clear()
+        return self._batch_used
 
     def _work_done(self, indices: np.ndarray) -> np.ndarray:
         """Core-seconds done by the given processes at the current time."""
@@ -596,7 +913,9 @@ class ClusterSimulator:
         running = state == _RUNNING
         if running.any():
             machines = self._machine_of[indices[running]]
-            virtual = self._virtual[machines] + self._rate[machines] * (self._time - self._virtual_at[machines])
+            rate = self._rate_array[machines]
+            virtual_at = np.array(self._virtual_at)[machines]
+            virtual = np.array(self._virtual)[machines] + rate * (self._time - virtual_at)
             progress = virtual - (self._target[indices[running]] - duration[running])
             done[running] = cpu[running] * np.clip(progress, 0.0, duration[running])
         return done
@@ -604,7 +923,7 @@ class ClusterSimulator:
     def _check_allocation(self, allocation: Allocation) -> None:
         if not isinstance(allocation, Allocation):
             raise TypeError(f"expected an Allocation, got {allocation!r}")
-        count = len(self._cpu)
+        count = len(self._cpu_list)
         if len(allocation.online_quota) != count:
             raise ValueError(
                 f"the allocation gives {len(allocation.online_quota)} online quota values, "

@@ -11,15 +11,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simrun_core.errors import InvalidArgument
+
+# What clients need lives in `simrun_core.home`, which imports no pydantic, so that a command starts quickly.
+from simrun_core.home import DEFAULT_ENDPOINT, DEFAULT_PORT, client_token, simrun_home  # noqa: F401
 from simrun_core.validation import first_error
-
-DEFAULT_PORT = 50551
-DEFAULT_ENDPOINT = f"127.0.0.1:{DEFAULT_PORT}"
-
-
-def simrun_home() -> Path:
-    """The folder of this machine's embedded server: `$SIMRUN_HOME`, else `~/.simrun`."""
-    return Path(os.environ.get("SIMRUN_HOME") or Path.home() / ".simrun").expanduser()
 
 
 class NodeConfig(BaseModel):
@@ -162,13 +157,3 @@ def ensure_local_tokens(home: Path) -> tuple[Path, str]:
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
     return tokens_file, token_file.read_text().strip() if token_file.exists() else ""
-
-
-def client_token(explicit: str | None) -> str | None:
-    """The token a client sends: the explicit one, else `$SIMRUN_TOKEN`, else the home's `token` file."""
-    if explicit:
-        return explicit
-    if env := os.environ.get("SIMRUN_TOKEN"):
-        return env
-    token_file = simrun_home() / "token"
-    return token_file.read_text().strip() if token_file.exists() else None

@@ -198,48 +198,86 @@ def _link_tree(source: Path, dest: Path) -> None:
 
 
 def done_units(source: TaskLayout) -> list[int]:
-    """The units of `source`'s ledger that are done and have their results in place (none without a ledger)."""
+    """The units of `source`'s ledger that are done (their results are in place before the done rename); none
+    without a ledger."""
     ledger = Ledger.of(source)
     if not ledger.exists():
         return []
     try:
-        with os.scandir(ledger.layout.done) as entries:
-            indices = sorted(int(entry.name) for entry in entries if entry.name.isdigit())
-    except FileNotFoundError:
+        return [index for first, last in ledger.done().ranges() for index in range(first, last + 1)]
+    except (FileNotFoundError, LedgerError):
         return []
-    return [index for index in indices if ledger.has_result(index)]
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices as maximal runs of consecutive ones, (first, last) both included."""
+    runs: list[tuple[int, int]] = []
+    for index in indices:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1] = (runs[-1][0], index)
+        else:
+            runs.append((index, index))
+    return runs
 
 
 def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
-    """Creates `dest`'s ledger of `count` units with the units done in `source` already done, their results
-    hard-linked; only the others stay pending. Returns how many units were seeded (0: a miss, nothing created).
+    """Creates `dest`'s ledger of `count` units with the units done in `source` already done: their values
+    copied into a log of the new ledger and their files hard-linked; only the others stay pending. Returns how
+    many units were seeded (0: a miss, nothing created).
 
     Safe because a unit's result depends on the settings, its index, the code and the environment only, which is
-    the task key; the caller checks the keys are equal. Goes through the runtime's own ledger functions (claim,
-    place the result, mark done), so the ledger stays in the runtime's layout.
+    the task key; the caller checks the keys are equal. Goes through the runtime's own ledger (create, claim,
+    split, append values, place results, mark done, release), so the ledger stays in the runtime's layout.
     """
     units = [index for index in done_units(source) if index < count]
     if not units or Ledger.of(dest).exists():
         return 0
+    source_ledger = Ledger.of(source)
+    values, covered = source_ledger.values()
     dest.root.mkdir(parents=True, exist_ok=True)
     create_ledger(dest, count)
     ledger = Ledger.of(dest)
-    source_ledger = Ledger.of(source)
+    log = ledger.layout.values_log(SEED_WORKER, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    seeded_runs = _runs(units)
     seeded = 0
-    for index in units:
-        if not ledger.claim(index, SEED_WORKER):
+    for pending in ledger.pending_ranges():
+        if not ledger.claim(pending, SEED_WORKER):
             continue
-        tmp = ledger.layout.result_tmp(index, SEED_WORKER, os.getpid())
-        try:
-            _link_tree(source_ledger.layout.result(index), tmp)
-        except FileNotFoundError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            ledger.release(index, SEED_WORKER)
-            continue
-        ledger.place_result(tmp, index)
-        if ledger.mark_done(index, SEED_WORKER):
-            seeded += 1
+        # Cut the claim at every edge of a seeded run inside it; seeded pieces are done, the rest given back.
+        edges = sorted(
+            {edge for first, last in seeded_runs for edge in (first, last + 1) if pending.first < edge <= pending.last}
+        )
+        pieces = []
+        rest = pending
+        for at in edges:
+            split = ledger.split(rest, SEED_WORKER, at)
+            if split is None:
+                break
+            pieces.append(split[0])
+            rest = split[1]
+        pieces.append(rest)
+        for piece in pieces:
+            if any(first <= piece.first and piece.last <= last for first, last in seeded_runs):
+                seeded += _seed_piece(ledger, source_ledger, piece, values, covered, log)
+            else:
+                ledger.release(piece, SEED_WORKER)
     return seeded
+
+
+def _seed_piece(ledger: Ledger, source: Ledger, piece: Any, values: list[Any], covered: Any, log: Path) -> int:
+    """Puts one claimed piece's earlier results in place and marks it done; the number of units it holds."""
+    if all(index in covered for index in piece.indices()):
+        ledger.append_values(log, piece, values[piece.first : piece.last + 1])
+    for index in piece.indices():
+        if source.has_result(index):
+            tmp = ledger.layout.result_tmp(index, SEED_WORKER, os.getpid())
+            try:
+                _link_tree(source.layout.result(index), tmp)
+            except FileNotFoundError:
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            ledger.place_result(tmp, index)
+    return piece.last - piece.first + 1 if ledger.mark_done(piece, SEED_WORKER) else 0
 
 
 def seeded_count(dest: TaskLayout) -> int:

@@ -27,6 +27,13 @@ class TaskSpec(BaseModel):
     settings: dict[str, Any] = Field(default_factory=dict)
     inputs: dict[str, str] = Field(default_factory=dict, description="input port -> `<task>.<port>`")
     mode: SplitMode | None = None
+    unit_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="The time limit of one unit of this task, seconds (SIMRUN_UNIT_TIMEOUT_S in its pods); "
+        "unset: the type's own limit, else a day.",
+    )
 
 
 class WorkflowSpec(BaseModel):

@@ -26,9 +26,11 @@ from simrun_runtime.pod import (
     Stopper,
     TaskSetup,
     UsageError,
+    exception_of,
     fail,
     run_in_child,
     signal_exit_code,
+    write_failure,
 )
 from simrun_runtime.reports import WorkerEnd
 from simrun_runtime.tasktype import ExecContext, UnsplitTaskType, port_env_name
@@ -84,7 +86,6 @@ def run_command(
                 process.kill()
                 process.wait()
             return EXIT_STOPPED, None, "stopped on SIGTERM"
-        keeper.write_every(10)
     if returncode != 0:
         code = signal_exit_code(returncode)
         return code, None, f"the command {task_type.command[0]!r} exited with status {code}"
@@ -114,7 +115,7 @@ def run_callable(
         task_id=setup.task.task_id,
         provenance=env.provenance,
     )
-    outcome = run_in_child(lambda: task_type.run(setup.settings, context), stopper, tick=lambda: keeper.write_every(10))
+    outcome = run_in_child(lambda: task_type.run(setup.settings, context), stopper)
     if outcome.stopped:
         return EXIT_STOPPED, None, "stopped on SIGTERM"
     if outcome.error is not None:
@@ -166,6 +167,15 @@ def run_exec(env: PodEnv) -> int:
     if keeper.oom_killed():
         code = EXIT_KILLED
     fail(PROG, message)
+    if code != EXIT_KILLED:
+        write_failure(
+            setup.task,
+            f"task {setup.task.task_id!r} failed on worker {worker}: {message}",
+            unit=None,
+            worker=worker,
+            exception=exception_of(message)[0],
+            detail=message,
+        )
     return keeper.finish(WorkerEnd.FAILED, code, message)
 
 

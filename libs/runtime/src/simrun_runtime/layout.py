@@ -15,6 +15,7 @@ MERGE_MARKER = ".merged"
 PROGRESS = "progress.jsonl"
 FAILURE = "failure.json"
 UNIT_COUNT = "count"
+VALUES_SUFFIX = ".jsonl"
 
 WORKER_NAME = re.compile(r"w[0-9]{1,6}|exec|merge")
 """The worker names of a task's pods: `w0` (coordinator or unsplit pod), `w1`… extra workers, `exec`, `merge`."""
@@ -46,6 +47,11 @@ class LedgerLayout:
         return self.root / "done"
 
     @property
+    def failed(self) -> Path:
+        """Units that failed more often than their type retries them (`failed/<i>~<failures>`)."""
+        return self.root / "failed"
+
+    @property
     def heartbeats(self) -> Path:
         return self.root / "heartbeats"
 
@@ -66,6 +72,24 @@ class LedgerLayout:
 
     def done_unit(self, index: int) -> Path:
         return self.done / str(index)
+
+    def pending_entry(self, name: str) -> Path:
+        """A range of pending units, `<first>[-<last>][~<failures>]` (see `ledger.UnitRange`)."""
+        return self.pending / name
+
+    def claimed_entry(self, name: str, worker: str) -> Path:
+        return self.claimed / f"{name}@{worker}"
+
+    def done_entry(self, name: str) -> Path:
+        return self.done / name
+
+    def failed_entry(self, name: str) -> Path:
+        return self.failed / name
+
+    def values_log(self, worker: str, process: str) -> Path:
+        """The values the units of one pool process returned, a line per claim (`{"first", "last", "values"}`):
+        `results/<worker>.<process>.jsonl`, `process` its pid and a random token (pids repeat across pods)."""
+        return self.results / f"{worker}.{process}{VALUES_SUFFIX}"
 
     def heartbeat(self, worker: str) -> Path:
         return self.heartbeats / worker
@@ -145,7 +169,8 @@ class TaskLayout:
 
     @property
     def failure(self) -> Path:
-        """Why the task failed, as the runtime saw it (the unit, the exception, the worker), written atomically."""
+        """Why the task failed, as the runtime saw it: `{"message", "unit", "worker", "exception", "detail"}`,
+        written atomically before the pod exits non-zero; the tracker shows its message as the task's."""
         return self.root / FAILURE
 
     @property

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,9 @@ def load_task_type(name: str, model_root: Path | str | None = None) -> TaskType:
                 raise TaskTypeError(f"module {module_name!r} has no {qualname!r}: check the task type {name!r}")
             obj = getattr(obj, part)
     else:
+        # Imported here: importlib.metadata is a fifth of a pod's start, and `module:Class` names never need it.
+        from importlib import metadata
+
         found = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
         if not found:
             known = sorted({ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
@@ -96,6 +98,10 @@ class TypeDescription(BaseModel):
     settings: dict[str, Any] | None = Field(default=None, description="The validated settings, defaults filled in.")
     units: int | None = Field(default=None, description="The unit count of a split type for the settings.")
     cost_value: str | None = None
+    unit_timeout_s: float | None = Field(
+        default=None, description="A split type's own time limit of a unit, seconds (None: none declared)."
+    )
+    unit_retries: int | None = Field(default=None, description="How often a split type retries a failed unit.")
 
 
 def describe_type(
@@ -120,6 +126,9 @@ def describe_type(
         command=list(task_type.command) if isinstance(task_type, UnsplitTaskType) and task_type.command else None,
         doc=(cls.__doc__ or "").strip(),
     )
+    if isinstance(task_type, SplitTaskType):
+        description.unit_timeout_s = cls.unit_timeout_s  # type: ignore[attr-defined]
+        description.unit_retries = cls.unit_retries  # type: ignore[attr-defined]
     if settings is None:
         return description
     description.settings_checked = True

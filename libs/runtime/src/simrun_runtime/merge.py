@@ -31,9 +31,11 @@ from simrun_runtime.pod import (
     Stopper,
     TaskSetup,
     UsageError,
+    exception_of,
     fail,
     run_in_child,
     signal_exit_code,
+    write_failure,
 )
 from simrun_runtime.reports import WorkerEnd
 from simrun_runtime.tasktype import MergeContext, SplitTaskType
@@ -88,20 +90,29 @@ def _remove_leftovers(task: TaskLayout) -> None:
             continue
 
 
-def check_complete(setup: TaskSetup) -> Ledger:
-    """The task's ledger, checked to be complete with every unit's results in place."""
+def check_complete(setup: TaskSetup) -> tuple[Ledger, list[Any]]:
+    """The task's ledger, checked to be complete with every unit's results in place (its value in a log of
+    values, or its `results/<i>/`), and what every unit returned."""
     ledger = Ledger.of(setup.task)
     if not ledger.exists():
         raise LedgerError(f"task {setup.task.task_id!r} has no ledger at {ledger.layout.root}")
-    done = ledger.done_count()
-    if done < ledger.count:
+    done = ledger.done()
+    if done.total < ledger.count:
         raise LedgerError(
-            f"the ledger of task {setup.task.task_id!r} is not complete: {done} of {ledger.count} units done"
+            f"the ledger of task {setup.task.task_id!r} is not complete: {done.total} of {ledger.count} units done"
         )
-    missing = [index for index in range(ledger.count) if not ledger.has_result(index)]
+    values, covered = ledger.values()
+    missing: list[int] = []
+    expected = 0
+    for first, last in [*covered.ranges(), (ledger.count, ledger.count)]:
+        # Units no log covers must have their files (one stat each; none for units that returned values).
+        missing.extend(index for index in range(expected, min(first, ledger.count)) if not ledger.has_result(index))
+        if len(missing) >= 10:
+            break
+        expected = last + 1
     if missing:
         raise LedgerError(f"units {missing[:10]} of task {setup.task.task_id!r} are done but have no results")
-    return ledger
+    return ledger, values
 
 
 def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> dict[str, Any]:
@@ -109,7 +120,7 @@ def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> d
     task_type = setup.task_type
     if not isinstance(task_type, SplitTaskType):
         raise UsageError(f"task type {setup.type_name} is not split; it has nothing to merge")
-    ledger = check_complete(setup)
+    ledger, values = check_complete(setup)
     token = f"{by}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     build, outputs = build_outputs(setup.task, type(task_type).outputs, token)
     with tempfile.TemporaryDirectory(prefix="simrun-merge-", dir=scratch_root) as scratch:
@@ -119,6 +130,7 @@ def merge_task(setup: TaskSetup, by: str, scratch_root: Path | None = None) -> d
             outputs=outputs,
             inputs=setup.inputs,
             scratch_dir=Path(scratch),
+            _load_values=lambda: values,
         )
         summary = task_type.merge(setup.settings, context)
     if summary is None:
@@ -134,7 +146,7 @@ def run_merge(setup: TaskSetup, env: PodEnv, keeper: ReportKeeper, stopper: Stop
     """Merges in a child process (so SIGTERM can stop it at once) and ends the report; returns the exit code."""
     if is_merged(setup.task):
         return keeper.finish(WorkerEnd.DONE, EXIT_DONE, "already merged")
-    outcome = run_in_child(lambda: merge_task(setup, by, env.scratch), stopper, tick=lambda: keeper.write_every(10))
+    outcome = run_in_child(lambda: merge_task(setup, by, env.scratch), stopper)
     if outcome.stopped:
         return keeper.finish(WorkerEnd.STOPPED, EXIT_STOPPED, "stopped on SIGTERM during the merge")
     if outcome.error is not None:
@@ -144,8 +156,10 @@ def run_merge(setup: TaskSetup, env: PodEnv, keeper: ReportKeeper, stopper: Stop
             code = EXIT_KILLED
         elif code in (EXIT_DONE, EXIT_STOPPED):
             code = EXIT_FAILED
-        last = outcome.error.strip().splitlines()[-1] if outcome.error.strip() else "merge failed"
-        return keeper.finish(WorkerEnd.FAILED, code, f"merge failed: {last}")
+        exception, last = exception_of(outcome.error)
+        message = f"the merge of task {setup.task.task_id!r} failed on worker {by}: {last}"
+        write_failure(setup.task, message, unit=None, worker=by, exception=exception, detail=outcome.error)
+        return keeper.finish(WorkerEnd.FAILED, code, message)
     keeper.report.merged = True
     return keeper.finish(WorkerEnd.DONE, EXIT_DONE)
 

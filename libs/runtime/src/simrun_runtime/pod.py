@@ -11,6 +11,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -21,11 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import RunLayout, TaskLayout
 from simrun_runtime.loading import load_task_type
 from simrun_runtime.memory import MemoryProbe, MemorySampler
 from simrun_runtime.record import RunRecord, TaskRecord
-from simrun_runtime.reports import UnitSeconds, WorkerEnd, WorkerReport, utcnow
+from simrun_runtime.reports import SecondsSketch, WorkerEnd, WorkerReport, utcnow
 from simrun_runtime.tasktype import SettingsError, TaskType, TaskTypeError
 
 EXIT_DONE = 0
@@ -51,8 +53,10 @@ class PodEnv:
     coordinator to merge once the ledger is complete. SIMRUN_GRACE_S: the termination grace period, seconds
     (default 30). SIMRUN_PROVENANCE: path of the task's provenance.json. SIMRUN_CGROUP: the pod's memory cgroup
     directory, or `self` for the process's own cgroup; unset, the process tree is measured. SIMRUN_SCRATCH: a
-    directory on the local disk for scratch files (default the system's temporary directory). TRACEPARENT: the W3C
-    trace context of the task (optional), copied into the pod's report so its span joins the run's trace.
+    directory on the local disk for scratch files (default the system's temporary directory).
+    SIMRUN_UNIT_TIMEOUT_S: the workflow's time limit of one unit of the task, seconds (unset: the type's own,
+    else `DEFAULT_UNIT_TIMEOUT_S`). TRACEPARENT: the W3C trace
+    context of the task (optional), copied into the pod's report so its span joins the run's trace.
     """
 
     run_dir: Path
@@ -65,6 +69,7 @@ class PodEnv:
     cgroup: str | None = None
     scratch: Path | None = None
     traceparent: str | None = None
+    unit_timeout_s: float | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], default_worker: str = "w0") -> PodEnv:
@@ -87,6 +92,10 @@ class PodEnv:
         worker = environ.get("SIMRUN_WORKER", "").strip() or default_worker
         if "@" in worker or "/" in worker or worker.startswith("."):
             raise UsageError(f"SIMRUN_WORKER={worker!r} may not contain '@' or '/' or start with '.'")
+        timeout = environ.get("SIMRUN_UNIT_TIMEOUT_S", "").strip()
+        unit_timeout_s = number("SIMRUN_UNIT_TIMEOUT_S", "", float) if timeout else None
+        if unit_timeout_s is not None and not 0 < unit_timeout_s < float("inf"):
+            raise UsageError(f"SIMRUN_UNIT_TIMEOUT_S={timeout!r} must be a number of seconds > 0")
         provenance = environ.get("SIMRUN_PROVENANCE", "").strip()
         scratch = environ.get("SIMRUN_SCRATCH", "").strip()
         return cls(
@@ -100,6 +109,7 @@ class PodEnv:
             cgroup=environ.get("SIMRUN_CGROUP", "").strip() or None,
             scratch=Path(scratch) if scratch else None,
             traceparent=environ.get("TRACEPARENT", "").strip() or None,
+            unit_timeout_s=unit_timeout_s,
         )
 
 
@@ -238,18 +248,34 @@ class Stopper:
             multiprocessing.connection.wait([self._read], timeout=seconds)
 
 
+# The report of a running pod is rewritten this often, from its own thread.
+REPORT_EVERY_S = 10.0
+
+
 @dataclass
 class ReportKeeper:
-    """The report of this pod incarnation, with the memory sampler that feeds it."""
+    """The report of this pod incarnation, with the memory sampler that feeds it and the thread that rewrites it
+    every `REPORT_EVERY_S` (without fsync; the last version, written by `finish`, is synced)."""
 
     task: TaskLayout
     report: WorkerReport
     sampler: MemorySampler
     oom_kills_at_start: int | None = None
-    _last_write: float = field(default=0.0, repr=False)
+    seconds: SecondsSketch = field(default_factory=SecondsSketch)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, setup: TaskSetup, env: PodEnv, role: str, processes: int, worker: str | None = None) -> ReportKeeper:
+    def start(
+        cls,
+        setup: TaskSetup,
+        env: PodEnv,
+        role: str,
+        processes: int,
+        worker: str | None = None,
+        every_s: float = REPORT_EVERY_S,
+    ) -> ReportKeeper:
         probe = MemoryProbe.for_pod(env.cgroup)
         now = utcnow()
         report = WorkerReport(
@@ -270,10 +296,23 @@ class ReportKeeper:
         )
         keeper = cls(setup.task, report, MemorySampler(probe).start(), probe.oom_kills())
         keeper.write()
+        keeper._thread = threading.Thread(target=keeper._loop, args=(every_s,), name="simrun-report", daemon=True)
+        keeper._thread.start()
         return keeper
 
+    def _loop(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            with contextlib.suppress(OSError):
+                self.write(fsync=False)
+
     def add_unit(self, index: int, seconds: float) -> None:
-        self.report.units.append(UnitSeconds(unit=index, seconds=round(seconds, 6)))
+        with self._lock:
+            self.seconds.add(seconds)
+
+    def add_seconds(self, sketch: SecondsSketch) -> None:
+        """Adds the seconds of a claim's units (a sketch of their own, made by the process that computed them)."""
+        with self._lock:
+            self.seconds.merge(sketch)
 
     def _refresh(self) -> None:
         self.report.peak_memory_gb = round(self.sampler.peak_gb, 6)
@@ -283,27 +322,49 @@ class ReportKeeper:
         if kills is not None:
             self.report.oom_kills = kills - (self.oom_kills_at_start or 0)
 
-    def write(self) -> None:
-        self._refresh()
-        self.report.write(self.task)
-        self._last_write = time.monotonic()
-
-    def write_every(self, seconds: float) -> None:
-        if time.monotonic() - self._last_write >= seconds:
-            self.write()
+    def write(self, fsync: bool = True) -> None:
+        with self._lock:
+            self._refresh()
+            self.report.unit_seconds = self.seconds.summary()
+            data = self.report.model_dump(mode="json")
+        write_json_atomic(self.report.path(self.task), data, durable=fsync)
 
     def finish(self, ended: WorkerEnd, exit_code: int, message: str = "") -> int:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
         self.sampler.stop()
-        self.report.ended = ended
-        self.report.exit_code = exit_code
-        self.report.message = message
-        self.report.ended_at = utcnow()
+        with self._lock:
+            self.report.ended = ended
+            self.report.exit_code = exit_code
+            self.report.message = message
+            self.report.ended_at = utcnow()
         self.write()
         return exit_code
 
     def oom_killed(self) -> bool:
-        self._refresh()
+        with self._lock:
+            self._refresh()
         return bool(self.report.oom_kills)
+
+
+def exception_of(error: str) -> tuple[str, str]:
+    """The exception's type and its last line from a formatted traceback (`RuntimeError`, `RuntimeError: …`)."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "failed"
+    kind, sep, _ = last.partition(":")
+    return (kind if sep and " " not in kind else last.split(" ")[0]), last
+
+
+def write_failure(
+    task: TaskLayout, message: str, *, unit: int | None, worker: str, exception: str, detail: str
+) -> None:
+    """Writes `tasks/<task>/failure.json` atomically, before the pod exits non-zero: the tracker shows its
+    `message` as the task's."""
+    write_json_atomic(
+        task.failure,
+        {"message": message, "unit": unit, "worker": worker, "exception": exception, "detail": detail},
+    )
 
 
 def die_with_parent() -> None:

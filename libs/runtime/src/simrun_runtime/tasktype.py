@@ -6,7 +6,7 @@ import difflib
 import json
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,15 +50,16 @@ class TaskSettings(BaseModel):
 class _Scratch:
     """A scratch directory on the local disk, created on first use and removed by the runtime afterwards."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, path: Path | str) -> None:
+        self._path = path  # a str until used: a unit that never asks for it costs no Path
         self._created = False
 
     def get(self) -> Path:
         if not self._created:
+            self._path = Path(self._path)
             self._path.mkdir(parents=True, exist_ok=True)
             self._created = True
-        return self._path
+        return Path(self._path)
 
     def remove(self) -> None:
         if self._created:
@@ -72,19 +73,35 @@ class UnitContext:
 
     Attributes:
         index: the unit's index, 0 … count-1.
-        result_dir: an empty directory to write the unit's files into; the runtime renames it to
-            `units/results/<index>/` once `compute_unit` returns, so a unit's result appears whole or not at all.
+        result_path: where `result_dir` is; nothing is created there unless the unit uses `result_dir`.
         inputs: input port -> the upstream `tasks/<task>/out/<port>` directory.
         worker: the worker computing the unit (`w0` is the coordinator).
         provenance: the task's `provenance.json`, if the pod was given one.
     """
 
     index: int
-    result_dir: Path
+    result_path: Path | str
     inputs: dict[str, Path]
     worker: str = "w0"
     provenance: Path | None = None
     _scratch: _Scratch | None = field(default=None, repr=False)
+    _used: bool = field(default=False, repr=False)
+
+    @property
+    def result_dir(self) -> Path:
+        """An empty directory to write the unit's files into, created when first asked for; the runtime renames
+        it to `units/results/<index>/` once `compute_unit` returns, so a unit's files appear whole or not at all.
+        A unit whose results are small returns them from `compute_unit` instead and creates no file at all."""
+        path = Path(self.result_path)
+        if not self._used:
+            path.mkdir(parents=True, exist_ok=True)
+            self._used = True
+        return path
+
+    @property
+    def wrote_files(self) -> bool:
+        """The unit asked for its `result_dir` (so its files are renamed into `results/<index>/`)."""
+        return self._used
 
     @property
     def scratch_dir(self) -> Path:
@@ -111,9 +128,11 @@ class MergeContext:
     outputs: dict[str, Path]
     inputs: dict[str, Path]
     scratch_dir: Path
+    _load_values: Callable[[], list[Any]] | None = field(default=None, repr=False)
+    _values: list[Any] | None = field(default=None, repr=False)
 
     def unit_results(self, index: int) -> Path:
-        """The directory of unit `index`'s results."""
+        """The directory of unit `index`'s files (absent for a unit that wrote none)."""
         if not 0 <= index < self.count:
             raise IndexError(f"unit {index} out of range 0..{self.count - 1}")
         return self.results / str(index)
@@ -122,6 +141,21 @@ class MergeContext:
         """Every unit's index and results directory, in index order (so the merge never depends on timing)."""
         for index in range(self.count):
             yield index, self.results / str(index)
+
+    def _all_values(self) -> list[Any]:
+        if self._values is None:
+            self._values = self._load_values() if self._load_values is not None else [None] * self.count
+        return self._values
+
+    def unit_value(self, index: int) -> Any:
+        """What `compute_unit` of unit `index` returned (None if it returned nothing)."""
+        if not 0 <= index < self.count:
+            raise IndexError(f"unit {index} out of range 0..{self.count - 1}")
+        return self._all_values()[index]
+
+    def values(self) -> Iterator[tuple[int, Any]]:
+        """Every unit's index and returned value in index order, read in bulk (a log of values per pool process)."""
+        yield from enumerate(self._all_values())
 
 
 @dataclass
@@ -198,14 +232,24 @@ class SplitTaskType(TaskType):
 
     `compute_unit` must write outputs which depend on the settings and the index only: a unit may be computed
     twice (an evicted worker, a restarted pod) and the merged result must not depend on the number of pods.
+
+    Class attributes:
+        unit_timeout_s: the time limit of one unit, seconds; a unit past it is killed and counts as failed. A
+            workflow's `unit_timeout_s` of the task (SIMRUN_UNIT_TIMEOUT_S) overrides it; neither: a day.
+        unit_retries: how often a failed unit is computed again (on another worker when there is one) before it
+            fails the task.
     """
+
+    unit_timeout_s: ClassVar[float | None] = None
+    unit_retries: ClassVar[int] = 1
 
     def count_units(self, settings: Any) -> int:
         """The number of units for these settings (e.g. the points of a scan)."""
         raise NotImplementedError
 
-    def compute_unit(self, settings: Any, index: int, unit: UnitContext) -> None:
-        """Computes unit `index`, writing its files into `unit.result_dir`."""
+    def compute_unit(self, settings: Any, index: int, unit: UnitContext) -> Any:
+        """Computes unit `index`: returns its result (a JSON value, stored with the other units of its claim in
+        one file and read back by `merge.values()`), or writes files into `unit.result_dir` and returns None."""
         raise NotImplementedError
 
     def merge(self, settings: Any, merge: MergeContext) -> dict[str, Any]:
@@ -272,6 +316,12 @@ def check_task_type(cls: type, name: str) -> None:
             f"(settings: {sorted(settings.model_fields)})"
         )
     if issubclass(cls, SplitTaskType):
+        timeout = cls.unit_timeout_s
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+            raise TaskTypeError(f"task type {name}: unit_timeout_s must be a number of seconds > 0, not {timeout!r}")
+        retries = cls.unit_retries
+        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+            raise TaskTypeError(f"task type {name}: unit_retries must be an integer >= 0, not {retries!r}")
         missing = [m for m in ("count_units", "compute_unit", "merge") if getattr(cls, m) is getattr(SplitTaskType, m)]
         if missing:
             raise TaskTypeError(f"split task type {name} does not define {', '.join(missing)}")

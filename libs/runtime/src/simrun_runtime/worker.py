@@ -1,10 +1,16 @@
 """`simrun-worker`: a pod of a split task, the coordinator (`w0`) or an extra worker, claiming units from the ledger.
 
-Every worker claims units into its local pool of SIMRUN_PROCESSES processes, marks them done and appends one
-line per completed unit to progress.jsonl; it touches its heartbeat meanwhile. An extra worker exits when
-nothing is pending. The coordinator creates the ledger if nobody has, returns only once the ledger is
-complete (releasing and computing the claims of workers whose heartbeat went stale), then merges if
-SIMRUN_MERGE=1. On SIGTERM a worker stops claiming, releases its claims, writes its report and exits 143.
+Every worker claims ranges of units into its local pool of SIMRUN_PROCESSES processes, marks them done and
+appends one line per claim to progress.jsonl; it touches its heartbeat meanwhile. It claims one unit at a time
+until it has measured the units' seconds, then as many consecutive units as take about `CLAIM_TARGET_S`, so
+short units cost one claim, one line of values, one done rename and one progress line per claim rather than
+per unit. A unit past its time limit is killed and counts as failed; a failed unit is given back for another
+try (on another worker when there is one) as often as its type retries, and then fails the task: the worker
+writes `failure.json`, naming the unit, the exception and the worker, and exits 1. An extra worker exits when
+nothing is pending. The coordinator creates the ledger if nobody has, returns only once the ledger is complete
+(releasing and computing the claims of workers whose heartbeat went stale, or that hold a unit past its time
+limit), then merges if SIMRUN_MERGE=1. On SIGTERM a worker stops claiming, releases its claims, writes its
+report and exits 143.
 
 `simrun-worker --unit I [--out DIR]` computes one unit into DIR with no ledger at all, for debugging a model.
 """
@@ -12,6 +18,8 @@ SIMRUN_MERGE=1. On SIGTERM a worker stops claiming, releases its claims, writes 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
 import sys
@@ -19,10 +27,10 @@ import tempfile
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from simrun_runtime.ledger import Ledger, LedgerError, create_ledger
+from simrun_runtime.ledger import Ledger, LedgerError, UnitRange, create_ledger
 from simrun_runtime.loading import count_units
 from simrun_runtime.merge import run_merge
 from simrun_runtime.pod import (
@@ -36,10 +44,12 @@ from simrun_runtime.pod import (
     Stopper,
     TaskSetup,
     UsageError,
+    exception_of,
     fail,
     signal_exit_code,
+    write_failure,
 )
-from simrun_runtime.pool import ProcessDied, UnitJob, UnitPool, UnitResult
+from simrun_runtime.pool import ClaimResult, ProcessDied, UnitJob, UnitPool
 from simrun_runtime.reports import ProgressLog, WorkerEnd
 from simrun_runtime.tasktype import SplitTaskType, TaskTypeError, UnitContext, _Scratch
 
@@ -49,16 +59,31 @@ COORDINATOR = "w0"
 PREFETCH = 2
 HEARTBEAT_S = 5.0
 STALE_CHECK_S = 2.0
-REPORT_EVERY_S = 10.0
+# A claim of short units is sized to take about this long: its fixed cost (a few renames, one file, one line,
+# two messages) is then well under 1% of it, and the last claims of a task still end close together.
+CLAIM_TARGET_S = 0.05
+# ... and at most this much wall time.
+CLAIM_WALL_S = 0.25
+# A claim grows at most this much from one to the next, so one fast unit does not claim a whole range at once.
+CLAIM_GROWTH = 4
+# Short claims are queued to each process for about this long, at most this many.
+QUEUED_S = 0.2
+MAX_QUEUED = 8
+# The time limit of a unit when neither the workflow nor the type sets one: a day.
+DEFAULT_UNIT_TIMEOUT_S = 86_400.0
 
 
 class Heartbeat:
-    """Touches `heartbeats/<worker>` every few seconds from a daemon thread."""
+    """Touches `heartbeats/<worker>` every few seconds from a daemon thread while the worker's loop is alive: a
+    loop that has not come round for longer than a unit's time limit stops the heartbeat, so a stuck worker's
+    claims go stale instead of being kept alive by this thread."""
 
-    def __init__(self, ledger: Ledger, worker: str, interval_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, ledger: Ledger, worker: str, stuck_after_s: float, interval_s: float = HEARTBEAT_S) -> None:
         self.ledger = ledger
         self.worker = worker
         self.interval_s = interval_s
+        self.stuck_after_s = max(stuck_after_s, 2 * interval_s)
+        self.alive_at = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="simrun-heartbeat", daemon=True)
 
@@ -67,8 +92,14 @@ class Heartbeat:
         self._thread.start()
         return self
 
+    def tick(self) -> None:
+        """The worker's loop came round."""
+        self.alive_at = time.monotonic()
+
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
+            if time.monotonic() - self.alive_at > self.stuck_after_s:
+                continue
             try:
                 self.ledger.touch_heartbeat(self.worker)
             except OSError:
@@ -77,6 +108,13 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class TaskFailed:
+    """Why the task failed (already in failure.json): the worker ends with exit code 1 and this message."""
+
+    message: str
 
 
 @dataclass
@@ -90,6 +128,10 @@ class Worker:
     keeper: ReportKeeper
     pool: UnitPool
     scratch_root: Path
+    avoid: dict[int, float] = field(default_factory=dict)
+    unit_estimate_s: float | None = None  # CPU seconds of a unit: what a claim's fixed cost is weighed against
+    unit_wall_s: float | None = None
+    last_want: int = 1
 
     @property
     def coordinator(self) -> bool:
@@ -100,12 +142,27 @@ class Worker:
         assert isinstance(self.setup.task_type, SplitTaskType)
         return self.setup.task_type
 
+    @property
+    def unit_timeout_s(self) -> float:
+        """The workflow's limit (SIMRUN_UNIT_TIMEOUT_S), else the type's, else a day."""
+        return self.env.unit_timeout_s or self.task_type.unit_timeout_s or DEFAULT_UNIT_TIMEOUT_S
+
     def run(self) -> int:
         try:
             return self._run()
         except Exception as exc:
             self.pool.kill()
-            fail(PROG, f"{type(exc).__name__}: {exc}")
+            message = f"worker {self.env.worker} failed: {type(exc).__name__}: {exc}"
+            fail(PROG, message)
+            if self.coordinator:
+                write_failure(
+                    self.setup.task,
+                    message,
+                    unit=None,
+                    worker=self.env.worker,
+                    exception=type(exc).__name__,
+                    detail=str(exc),
+                )
             return self.keeper.finish(WorkerEnd.FAILED, EXIT_FAILED, f"{type(exc).__name__}: {exc}")
         finally:
             shutil.rmtree(self.scratch_root, ignore_errors=True)
@@ -126,10 +183,13 @@ class Worker:
             fail(PROG, message)
             self.pool.kill()
             return self.keeper.finish(WorkerEnd.FAILED, EXIT_USAGE, message)
-        heartbeat = Heartbeat(ledger, self.env.worker).start()
+        if self.coordinator and not ledger.has_failed():
+            # An account of an earlier incarnation's failure (a merge that failed) is not this one's.
+            self.setup.task.failure.unlink(missing_ok=True)
+        heartbeat = Heartbeat(ledger, self.env.worker, stuck_after_s=self.unit_timeout_s).start()
         progress = ProgressLog(self.setup.task.progress)
         try:
-            code = self._claim_and_compute(ledger, self.pool, progress)
+            code = self._claim_and_compute(ledger, self.pool, progress, heartbeat)
         finally:
             heartbeat.stop()
             progress.close()
@@ -139,83 +199,217 @@ class Worker:
             return run_merge(self.setup, self.env, self.keeper, self.stopper, by=self.env.worker)
         return self.keeper.finish(WorkerEnd.DONE, EXIT_DONE)
 
-    def _claim_and_compute(self, ledger: Ledger, pool: UnitPool, progress: ProgressLog) -> int | None:
+    def want(self) -> int:
+        """How many consecutive units to claim next: one until units were measured, then about `CLAIM_TARGET_S`
+        of CPU of them (CPU, so a machine busy with other work does not make units look long and claims short),
+        at most `CLAIM_WALL_S` of wall time (so units that wait rather than compute stay one a claim), growing by
+        at most `CLAIM_GROWTH` a claim."""
+        if self.unit_estimate_s is None or self.unit_wall_s is None:
+            return 1
+        target = int(min(CLAIM_TARGET_S / max(self.unit_estimate_s, 1e-7), CLAIM_WALL_S / max(self.unit_wall_s, 1e-7)))
+        self.last_want = max(1, min(target, self.last_want * CLAIM_GROWTH))
+        return self.last_want
+
+    def max_in_flight(self) -> int:
+        """Claims sent to the pool at most: one per process plus `PREFETCH`; for claims shorter than `QUEUED_S`,
+        as many per process as take `QUEUED_S`, so a process never waits for this loop, which on a busy machine
+        may be scheduled tens of milliseconds late (at most `MAX_QUEUED` a process, a fraction of a second)."""
+        processes = self.env.processes
+        base = processes + min(processes, PREFETCH)
+        if self.unit_estimate_s is None:
+            return base
+        claim_s = max(self.last_want * (self.unit_wall_s or self.unit_estimate_s), 1e-6)
+        if claim_s >= QUEUED_S:
+            return base
+        return max(base, processes * (1 + min(MAX_QUEUED, math.ceil(QUEUED_S / claim_s))))
+
+    def _learn(self, result: ClaimResult) -> None:
+        if result.seconds.count:
+            wall = result.seconds.total / result.seconds.count
+            cpu = result.cpu_s / result.seconds.count
+            previous, previous_wall = self.unit_estimate_s, self.unit_wall_s
+            self.unit_estimate_s = cpu if previous is None else 0.5 * previous + 0.5 * cpu
+            self.unit_wall_s = wall if previous_wall is None else 0.5 * previous_wall + 0.5 * wall
+
+    def _claim_and_compute(
+        self, ledger: Ledger, pool: UnitPool, progress: ProgressLog, heartbeat: Heartbeat
+    ) -> int | None:
         """The worker loop; returns an exit code if the worker must end without merging, else None."""
         worker = self.env.worker
-        taken_back = deque(ledger.own_claims(worker))
-        claimer = ledger.claimer(worker)
-        max_in_flight = self.env.processes + min(self.env.processes, PREFETCH)
+        taken_back = deque(ledger.take_back(worker))
+        claimer = ledger.claimer(worker, self.avoid, lambda: ledger.others_alive(worker, 3 * HEARTBEAT_S))
+        limit_s = self.unit_timeout_s
         exhausted = False
-        last_stale_check = 0.0
+        last_check = time.monotonic()
         while True:
+            heartbeat.tick()
             if self.stopper.stopping:
                 return self._stop(ledger, pool, list(taken_back))
-            while pool.in_flight < max_in_flight and not exhausted:
-                index = taken_back.popleft() if taken_back else claimer.claim()
-                if index is None:
+            if time.monotonic() - last_check >= STALE_CHECK_S:
+                last_check = time.monotonic()
+                if ledger.has_failed():
+                    return self._end_failed(ledger, pool, list(taken_back), self._failure_message(ledger))
+                if self.coordinator:
+                    ledger.release_stale(self.env.grace_s, exclude=worker)
+                    ledger.release_overdue(limit_s, exclude=worker)
+            while pool.in_flight < self.max_in_flight() and not exhausted:
+                claim = taken_back.popleft() if taken_back else claimer.claim(self.want())
+                if claim is None:
                     exhausted = True
                 else:
-                    pool.submit(index)
+                    pool.submit(claim)
             if pool.in_flight == 0:
-                # Listing claimed/ (small) first spares listing done/ (every unit) while others still compute.
+                # Listing claimed/ (small) first spares listing done/ while others still compute.
                 if not self.coordinator or (not ledger.has_claims() and ledger.is_complete()):
+                    if ledger.has_failed():
+                        return self._end_failed(ledger, pool, [], self._failure_message(ledger))
                     pool.close()
                     return None
                 if not ledger.has_claims() and not ledger.has_pending():
+                    if ledger.has_failed():
+                        return self._end_failed(ledger, pool, [], self._failure_message(ledger))
                     raise LedgerError(f"units are missing from the ledger {ledger.layout.root}: {ledger.missing()}")
-                if time.monotonic() - last_stale_check >= STALE_CHECK_S:
-                    ledger.release_stale(self.env.grace_s, exclude=worker)
-                    last_stale_check = time.monotonic()
-                self.keeper.write_every(REPORT_EVERY_S)
+                last_check = 0.0  # idle: look for stale and overdue claims at once
                 self.stopper.sleep(0.5)
                 exhausted = False
                 continue
-            failure: tuple[list[int], str, int] | None = None
-            # Every unit finished in this batch is marked done before a failure ends the worker.
-            for event in pool.wait(timeout=1.0, also=[self.stopper]):
-                if isinstance(event, UnitResult):
-                    if event.error is not None:
-                        failure = failure or ([event.index], event.error, EXIT_FAILED)
-                        continue
-                    if ledger.mark_done(event.index, worker):
-                        progress.append(event.index, worker, event.seconds, time.time())
-                    if event.seconds is not None:
-                        self.keeper.add_unit(event.index, event.seconds)
+            failure: tuple[list[UnitRange], str, int] | None = None
+            failed: TaskFailed | None = None
+            # Every claim finished in this batch is settled before a failure ends the worker.
+            for event in pool.wait(timeout=1.0, also=[self.stopper], limit_s=limit_s):
+                if isinstance(event, ClaimResult):
+                    self._learn(event)
+                    failed = self._settle(ledger, progress, event) or failed
                     exhausted = False
-                elif isinstance(event, ProcessDied):
+                elif event.timed_out:
+                    failed = self._timed_out(ledger, pool, event, limit_s) or failed
+                    exhausted = False
+                else:
                     code = signal_exit_code(event.exitcode)
                     if code == EXIT_KILLED or self.keeper.oom_killed():
                         code = EXIT_KILLED
                     elif code in (EXIT_DONE, EXIT_STOPPED):
                         code = EXIT_FAILED
-                    message = f"a worker process died (exit code {event.exitcode}) computing units {event.units}"
-                    failure = failure or (event.units, message, code)
+                    names = [claim.name for claim in event.claims]
+                    message = f"a worker process died (exit code {event.exitcode}) computing units {names}"
+                    failure = failure or (event.claims, message, code)
+            if failed is not None:
+                return self._end_failed(ledger, pool, list(taken_back), failed.message)
             if failure is not None:
                 return self._fail(ledger, pool, list(taken_back), *failure)
-            self.keeper.write_every(REPORT_EVERY_S)
 
-    def _give_back(self, ledger: Ledger, pool: UnitPool, also: list[int]) -> list[int]:
+    def _settle(self, ledger: Ledger, progress: ProgressLog, result: ClaimResult) -> TaskFailed | None:
+        """Marks the computed part of a claim done; a unit that raised is retried or fails the task."""
+        worker = self.env.worker
+        claim = result.claim
+        self.keeper.add_seconds(result.seconds)
+        computed = result.seconds.total if result.seconds.count else None
+        if result.complete:
+            if ledger.mark_done(claim, worker):
+                progress.append(claim, worker, computed, time.time())
+            return None
+        assert result.error is not None
+        index = result.done_until
+        rest: UnitRange | None = claim
+        if index > claim.first:
+            halves = ledger.split(claim, worker, index)
+            if halves is None:
+                return None  # released meanwhile (taken for dead): someone else has it now
+            done, rest = halves
+            if ledger.mark_done(done, worker):
+                progress.append(done, worker, computed, time.time())
+        assert rest is not None
+        if index < rest.last:
+            halves = ledger.split(rest, worker, index + 1)
+            if halves is None:
+                return None
+            rest, after = halves
+            ledger.release(after, worker)
+        return self._unit_failed(ledger, rest, result.error)
+
+    def _timed_out(self, ledger: Ledger, pool: UnitPool, died: ProcessDied, limit_s: float) -> TaskFailed | None:
+        """A unit ran past its limit and its process was killed: the unit counts as failed, the rest of its claim
+        (whose values died with the process) is given back, the claims queued behind it go to a new process."""
+        worker = self.env.worker
+        pool.replace_dead()
+        current, *queued = died.claims
+        for claim in queued:
+            pool.submit(claim)
+        index = died.unit if died.unit is not None and died.unit in current.indices() else current.first
+        rest = current
+        if index > current.first:
+            halves = ledger.split(current, worker, index)
+            if halves is None:
+                return None
+            before, rest = halves
+            ledger.release(before, worker)
+        if index < rest.last:
+            halves = ledger.split(rest, worker, index + 1)
+            if halves is None:
+                return None
+            rest, after = halves
+            ledger.release(after, worker)
+        ledger.remove_tmp_of(worker, index)
+        detail = f"unit {index} ran past its time limit of {limit_s:g} s on worker {worker} and was killed"
+        return self._unit_failed(ledger, rest, f"{detail}\nUnitTimeout: {detail}\n")
+
+    def _unit_failed(self, ledger: Ledger, unit: UnitRange, error: str) -> TaskFailed | None:
+        """Gives a failed unit back for another try, or, past its retries, fails the task (failure.json)."""
+        worker = self.env.worker
+        index = unit.first
+        failures = unit.failures + 1
+        attempts = self.task_type.unit_retries + 1
+        exception, last = exception_of(error)
+        for line in error.rstrip().splitlines():
+            print(f"[unit {index}] {line}", file=sys.stderr)
+        if failures < attempts:
+            ledger.retry(unit, worker, failures)
+            self.avoid[index] = time.monotonic()
+            print(
+                f"{PROG}: unit {index} failed on worker {worker} (attempt {failures} of {attempts}), "
+                f"given back for another try: {last}",
+                file=sys.stderr,
+            )
+            return None
+        message = f"unit {index} failed on worker {worker} (attempt {failures} of {attempts}): {last}"
+        write_failure(self.setup.task, message, unit=index, worker=worker, exception=exception, detail=error)
+        ledger.mark_failed(unit, worker, failures)
+        return TaskFailed(message)
+
+    def _failure_message(self, ledger: Ledger) -> str:
+        try:
+            return str(json.loads(self.setup.task.failure.read_text())["message"])
+        except (OSError, ValueError, KeyError, TypeError):
+            names = [unit.name for unit in ledger.failed()]
+            return f"units {names} of task {self.setup.task.task_id!r} failed"
+
+    def _give_back(self, ledger: Ledger, pool: UnitPool, also: list[UnitRange]) -> list[UnitRange]:
         held = pool.units() + also
         pool.kill()
-        released = [index for index in held if ledger.release(index, self.env.worker)]
+        released = ledger.release_all(self.env.worker, held)
         ledger.remove_tmp(self.env.worker)
         return released
 
-    def _stop(self, ledger: Ledger, pool: UnitPool, taken_back: list[int]) -> int:
+    def _stop(self, ledger: Ledger, pool: UnitPool, taken_back: list[UnitRange]) -> int:
         released = self._give_back(ledger, pool, taken_back)
         ledger.remove_heartbeat(self.env.worker)
-        return self.keeper.finish(
-            WorkerEnd.STOPPED, EXIT_STOPPED, f"stopped on SIGTERM; released units {sorted(released)}"
-        )
+        names = [claim.name for claim in released]
+        return self.keeper.finish(WorkerEnd.STOPPED, EXIT_STOPPED, f"stopped on SIGTERM; released units {names}")
+
+    def _end_failed(self, ledger: Ledger, pool: UnitPool, taken_back: list[UnitRange], message: str) -> int:
+        self._give_back(ledger, pool, taken_back)
+        ledger.remove_heartbeat(self.env.worker)
+        fail(PROG, message)
+        return self.keeper.finish(WorkerEnd.FAILED, EXIT_FAILED, message)
 
     def _fail(
-        self, ledger: Ledger, pool: UnitPool, taken_back: list[int], units: list[int], error: str, code: int
+        self, ledger: Ledger, pool: UnitPool, taken_back: list[UnitRange], units: list[UnitRange], error: str, code: int
     ) -> int:
         self._give_back(ledger, pool, taken_back + units)
         ledger.remove_heartbeat(self.env.worker)
         print(error.rstrip(), file=sys.stderr)
         last = error.strip().splitlines()[-1] if error.strip() else "failed"
-        return self.keeper.finish(WorkerEnd.FAILED, code, f"units {units}: {last}")
+        return self.keeper.finish(WorkerEnd.FAILED, code, f"units {[u.name for u in units]}: {last}")
 
 
 def run_worker(env: PodEnv) -> int:
@@ -259,7 +453,9 @@ def compute_unit_alone(env: PodEnv, index: int, out: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="simrun-scratch-") as scratch:
         context = UnitContext(index, out, setup.inputs, env.worker, env.provenance, _Scratch(Path(scratch) / "unit"))
         start = time.perf_counter()
-        task_type.compute_unit(setup.settings, index, context)
+        value = task_type.compute_unit(setup.settings, index, context)
+    if value is not None:
+        (out / "value.json").write_text(json.dumps(value, indent=2) + "\n")
     print(f"unit {index} computed in {time.perf_counter() - start:.3f} s into {out}")
     return EXIT_DONE
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,10 @@ class ScanSettings(TaskSettings):
     allocate_mb: int = 0
     hold_s: float = 0.0
     fail_unit: int | None = None
+    hang_unit: int | None = Field(default=None, description="This unit hangs (the first time only with hang_once).")
+    hang_once: str | None = Field(default=None, description="A file created by the first attempt at hang_unit.")
+    say: bool = Field(default=False, description="Each unit prints a line to stdout and one to stderr.")
+    merge_fails: str | None = Field(default=None, description="`raise` or `list`: the merge raises, returns a list.")
 
 
 class Scan(SplitTaskType):
@@ -54,6 +59,17 @@ class Scan(SplitTaskType):
     def compute_unit(self, settings: ScanSettings, index: int, unit: UnitContext) -> None:
         if settings.fail_unit == index:
             raise RuntimeError(f"unit {index} fails on purpose")
+        if settings.say:
+            print(f"hello from {index}")
+            print(f"working on {index}", end="", file=sys.stderr)
+            print("...", file=sys.stderr)
+            subprocess.run([sys.executable, "-c", f"print('from a subprocess of {index}')"], check=True)
+        if settings.hang_unit == index:
+            first = settings.hang_once is None or not Path(settings.hang_once).exists()
+            if settings.hang_once is not None:
+                Path(settings.hang_once).touch()
+            while first:
+                time.sleep(3600)
         r = 3.5 + 0.5 * (index + 0.5) / settings.points
         x = 0.5 + 0.4 * math.sin(settings.seed + index)
         total = 0.0
@@ -69,6 +85,8 @@ class Scan(SplitTaskType):
         (unit.result_dir / "value.json").write_text(json.dumps(values, sort_keys=True))
 
     def merge(self, settings: ScanSettings, merge: MergeContext) -> dict[str, Any]:
+        if settings.merge_fails == "raise":
+            raise ValueError("the merge fails on purpose")
         rows = []
         for index, results in merge.units():
             values = json.loads((results / "value.json").read_text())
@@ -76,7 +94,47 @@ class Scan(SplitTaskType):
             rows.append(values)
         lines = ["index,r,mean,last"] + [f"{v['index']},{v['r']!r},{v['mean']!r},{v['last']!r}" for v in rows]
         (merge.outputs["table"] / "table.csv").write_text("\n".join(lines) + "\n")
+        if settings.merge_fails == "list":
+            return [len(rows)]  # type: ignore[return-value]
         return {"points": len(rows), "total": sum(v["mean"] for v in rows), "max": max(v["mean"] for v in rows)}
+
+
+class QuickHang(Scan):
+    """The scan with a time limit of its own of one second per unit and two retries."""
+
+    unit_timeout_s = 1.0
+    unit_retries = 2
+
+
+class TinySettings(TaskSettings):
+    units: int = Field(default=1000, ge=1)
+    seed: int = 0
+    fail_unit: int | None = None
+    spin_us: int = Field(default=0, ge=0, description="Busy wall time per unit, microseconds.")
+
+
+class Tiny(SplitTaskType):
+    """Units of a few microseconds that return their result instead of writing files."""
+
+    Settings = TinySettings
+    outputs = ("sum",)
+
+    def count_units(self, settings: TinySettings) -> int:
+        return settings.units
+
+    def compute_unit(self, settings: TinySettings, index: int, unit: UnitContext) -> int:
+        if settings.fail_unit == index:
+            raise ArithmeticError(f"unit {index} cannot be computed")
+        if settings.spin_us:
+            until = time.perf_counter() + settings.spin_us / 1e6
+            while time.perf_counter() < until:
+                pass
+        return (settings.seed * 7919 + index * index) % 1_000_003
+
+    def merge(self, settings: TinySettings, merge: MergeContext) -> dict[str, Any]:
+        values = [value for _, value in merge.values()]
+        (merge.outputs["sum"] / "sum.txt").write_text(f"{sum(values)}\n")
+        return {"units": len(values), "sum": sum(values), "first": values[0], "last": values[-1]}
 
 
 class TotalSettings(TaskSettings):

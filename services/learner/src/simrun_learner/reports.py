@@ -60,7 +60,22 @@ def _observation(
         oom_killed=killed and bool(oom_per_worker_gb),
         oom_per_worker_gb=oom_per_worker_gb if killed else None,
         succeeded=succeeded,
-        unit_seconds=tuple(unit.seconds for unit in report.units),
+        unit_seconds=_unit_seconds(report),
         run_id=run_id or report.run_id,
         observed_at=report.ended_at or report.started_at,
     )
+
+
+def _unit_seconds(report: WorkerReport) -> tuple[float, ...]:
+    """The seconds of the report's units; an unsplit task that ran to its end is one unit, its run's seconds.
+
+    Without it an unsplit task would never have learned seconds, and its estimate would stay unknown however
+    often it ran. Only a run that ended done counts: a stopped or failed one says nothing about its length.
+    """
+    # Schema 2 reports summarise their units: one value per unit, exact up to 64 units, else within 2.2%.
+    seconds = report.seconds_of_units()
+    if report.role == "exec" and not seconds:
+        if report.ended is WorkerEnd.DONE and report.ended_at is not None:
+            return (max((report.ended_at - report.started_at).total_seconds(), 0.0),)
+        return ()
+    return tuple(seconds)

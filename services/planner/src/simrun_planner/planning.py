@@ -167,13 +167,13 @@ def shape(
     processes = _processes_on(resources, node, resources.per_worker_gb)
     if max_processes is not None:
         processes = min(processes, max_processes)
-    retry_per_worker_gb, retry_count = _retry(resources, node, processes)
+    retry_per_worker_gb, _, retry_memory_gb = _retry(resources, node, processes)
     return PodShape(
         cores=processes * resources.cores_per_process,
         memory_gb=_memory_gb(resources.base_memory_gb, resources.per_worker_gb, processes),
         processes=processes,
         per_worker_gb=resources.per_worker_gb,
-        retry_memory_gb=_memory_gb(resources.base_memory_gb, retry_per_worker_gb, retry_count),
+        retry_memory_gb=retry_memory_gb,
         retry_per_worker_gb=retry_per_worker_gb,
         scratch_gb=resources.scratch_gb,
         gpus=resources.gpus,
@@ -335,11 +335,27 @@ def _sizing_node(resources: ResolvedResources, usable: list[Node], nodes: Sequen
     )
 
 
-def _retry(resources: ResolvedResources, node: Node, processes: int) -> tuple[float, int]:
-    """The memory per process and the processes of a retry: 1.5 times the memory, fewer processes where it must."""
+def _retry(resources: ResolvedResources, node: Node, processes: int) -> tuple[float, int, int]:
+    """The retry of a pod killed for memory: its memory per process, its processes and its memory (GiB).
+
+    Each process gets 1.5 times its memory (fewer processes where the node must), the pod's memory rounded up
+    to whole GiB. A retry always has more than the attempt that was killed: at least one GiB more where the
+    rounding would absorb the 1.5 times, up to what the node holds; where the pod already fills its node, one
+    process fewer, so that each of the others has more. Only a pod of one process that fills its node has no
+    larger retry. The memory per process is the retry's share, `(memory - base) / processes`, so that the plan,
+    the executor's messages and `retry_processes` agree.
+    """
+    base = resources.base_memory_gb
+    whole_gb = math.floor(node.memory_gb + _EPS)
+    first_gb = _memory_gb(base, resources.per_worker_gb, processes)
     wanted = resources.per_worker_gb * RETRY_MEMORY_FACTOR
     fits = _processes_on(resources, node, wanted)
     if fits >= 1:
-        return wanted, min(processes, fits)
-    # Not even one process gets 1.5 times on this node: the retry gets what the node holds for one.
-    return math.floor(node.memory_gb + _EPS) - resources.base_memory_gb, 1
+        count = min(processes, fits)
+        memory_gb = min(max(_memory_gb(base, wanted, count), first_gb + 1), max(whole_gb, first_gb))
+    else:
+        # Not even one process gets 1.5 times on this node: the retry gets what the node holds for one.
+        count, memory_gb = 1, max(whole_gb, first_gb)
+    if memory_gb <= first_gb and count == processes and processes > 1:
+        count -= 1
+    return (memory_gb - base) / count, count, memory_gb

@@ -25,6 +25,7 @@ from simrun_planner.convert import plan_to_proto
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import ReusedFrom, RunRecord, RunState, SnapshotRef, TaskState
 
+from simrun_tracker.outputs import Chunk, OutputFile
 from simrun_tracker.tracker import Comparison, ReuseRequest, Submission, TaskEstimate, TaskProgress
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -210,3 +211,17 @@ def estimate_message(estimates: list[TaskEstimate]) -> tracker_pb2.EstimateRunRe
         if (reused := reused_from_message(estimate.reused_from)) is not None:
             task.reused_from.CopyFrom(reused)
     return response
+
+
+def output_file_message(file: OutputFile) -> tracker_pb2.OutputFile:
+    """The message of a file of an output port."""
+    return tracker_pb2.OutputFile(
+        task_id=file.task_id, port=file.port, path=file.path, store_path=file.store_path, size_bytes=file.size_bytes
+    )
+
+
+def output_chunk_message(chunk: Chunk) -> tracker_pb2.FetchOutputResponse:
+    """The message of a piece of a fetched output file."""
+    return tracker_pb2.FetchOutputResponse(
+        path=chunk.path, offset=chunk.offset, data=chunk.data, size_bytes=chunk.size_bytes
+    )

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import threading
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from simrun_core.errors import Unavailable
+from simrun_core.errors import FailedPrecondition, Unavailable
 from simrun_runtime.describe import DescribeRequest, DescribeResponse
 
 
@@ -26,6 +27,10 @@ class TypeDescriber(Protocol):
     ) -> list[DescribeResponse]: ...
 
     def close(self) -> None: ...
+
+
+class _NoAnswer(Exception):
+    """The describer gave no answer within the time limit."""
 
 
 @dataclass
@@ -42,7 +47,8 @@ class SubprocessDescriber:
     process makes a submission cost a round trip instead of an interpreter start and the model's imports.
     """
 
-    def __init__(self, max_processes: int = 8, timeout_s: float = 120.0) -> None:
+    def __init__(self, max_processes: int = 8, timeout_s: float = 60.0) -> None:
+        # Well under a client's 120 s deadline, so the client hears why instead of `Deadline Exceeded`.
         self._max = max_processes
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
@@ -56,6 +62,13 @@ class SubprocessDescriber:
                 process.used = time.monotonic()
                 try:
                     return self._round_trip(process.proc, requests)
+                except _NoAnswer:
+                    # Not tried again: a model whose import hangs would hang again, long after the client left.
+                    self._drop(key, process)
+                    raise FailedPrecondition(
+                        f"the model's task types gave no answer within {self._timeout_s:.0f} s: does importing "
+                        f"the model hang? Try `python -c 'import <module>'` in {model_root}"
+                    ) from None
                 except (BrokenPipeError, OSError, ValueError, EOFError) as exc:
                     self._drop(key, process)
                     if attempt:
@@ -70,8 +83,9 @@ class SubprocessDescriber:
         proc.stdin.flush()
         ready, _, _ = select.select([proc.stdout], [], [], self._timeout_s)
         if not ready:
-            proc.kill()
-            raise EOFError(f"no answer within {self._timeout_s:.0f} s")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: whatever the model started dies too
+            raise _NoAnswer
         line = proc.stdout.readline()
         if not line:
             raise EOFError(f"the describer exited with {proc.wait()}")

@@ -459,7 +459,7 @@ class Driver:
                     "simrun.task_id": task.task_id,
                     "simrun.worker": report.worker,
                     "simrun.role": report.role,
-                    "simrun.units": len(report.units),
+                    "simrun.units": report.unit_seconds.count if report.unit_seconds else len(report.units),
                     "simrun.peak_memory_gb": report.peak_memory_gb,
                     "simrun.exit_code": report.exit_code if report.exit_code is not None else -1,
                     "simrun.ended": report.ended.value,

@@ -108,6 +108,8 @@ class PodSpec:
     """The worker processes of the retry, fewer where 1.5 times the memory per process needs it; None: the same."""
     image: str = ""
     """The run's image by digest, for adapters that run images; empty where the environment id suffices."""
+    base_memory_gb: float = 0.0
+    """The part of the memory that is not per process (the plan's base), GiB: per-process figures leave it out."""
 
     def __post_init__(self) -> None:
         for name in STORE_PATH_VARIABLES & self.contract.keys():
@@ -121,7 +123,11 @@ class PodSpec:
 
     @property
     def per_worker_gb(self) -> float:
-        return self.memory_gb / max(self.processes, 1)
+        return self.per_process_gb(self.memory_gb, self.processes)
+
+    def per_process_gb(self, memory_gb: float, processes: int) -> float:
+        """The memory each process of an attempt has, as the plan counts it: the base left out."""
+        return max(memory_gb - self.base_memory_gb, 0.0) / max(processes, 1)
 
     def processes_after(self, retried: bool) -> int:
         """The worker processes of an attempt: fewer after a kill for memory where the plan says so."""
@@ -129,7 +135,7 @@ class PodSpec:
 
     @property
     def retry_per_worker_gb(self) -> float:
-        return self.retry_memory_gb / max(self.processes_after(True), 1)
+        return self.per_process_gb(self.retry_memory_gb, self.processes_after(True))
 
 
 @dataclass(frozen=True)

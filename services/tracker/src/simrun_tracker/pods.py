@@ -107,4 +107,5 @@ def _pod(
         retry_processes=retry_processes(PodShape(**shape), base_memory_gb),
         priority_class=plan["extra_priority"] if worker not in (COORDINATOR, MERGE_WORKER) else plan["base_priority"],
         grace_s=grace_s,
+        base_memory_gb=base_memory_gb,
     )

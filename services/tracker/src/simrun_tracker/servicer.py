@@ -11,6 +11,7 @@ from simrun_core.paging import page
 from simrun_core.rpc.auth import current_identity
 
 from simrun_tracker import convert
+from simrun_tracker.outputs import OutputStore
 from simrun_tracker.tracker import RunTracker
 
 
@@ -84,3 +85,24 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         nodes = [convert.node_message(node) for node in self.tracker.nodes()]
         chunk, token = page(nodes, request.page_size, request.page_token, "nodes", default=100)
         return tracker_pb2.ListNodesResponse(nodes=chunk, next_page_token=token)
+
+    def ListOutputs(
+        self, request: tracker_pb2.ListOutputsRequest, context: grpc.ServicerContext
+    ) -> tracker_pb2.ListOutputsResponse:
+        files = OutputStore(self.tracker.store).list_files(
+            self.tracker.get(request.run_id), request.task_id, request.port
+        )
+        scope = f"outputs|{request.run_id}|{request.task_id}|{request.port}"
+        chunk, token = page(files, request.page_size, request.page_token, scope, default=1000)
+        return tracker_pb2.ListOutputsResponse(
+            files=[convert.output_file_message(f) for f in chunk], next_page_token=token
+        )
+
+    def FetchOutput(
+        self, request: tracker_pb2.FetchOutputRequest, context: grpc.ServicerContext
+    ) -> Iterator[tracker_pb2.FetchOutputResponse]:
+        record = self.tracker.get(request.run_id)
+        for piece in OutputStore(self.tracker.store).fetch(record, request.task_id, request.port):
+            if not context.is_active():
+                return
+            yield convert.output_chunk_message(piece)

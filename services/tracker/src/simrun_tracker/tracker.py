@@ -360,6 +360,9 @@ class RunTracker:
                 units = task.plan.units - (len(source.units) if source and source.units else 0)
                 if units > 0:
                     seconds = self.learner.estimate(task.key, units, task.plan.pods, task.plan.shape.processes)
+            elif not task.description.split and source is None:
+                # An unsplit task is one unit: its learned seconds are those of its whole run.
+                seconds = self.learner.estimate(task.key, 1, 1, 1)
             estimates.append(TaskEstimate(task, seconds, reused))
         return estimates
 
@@ -462,6 +465,7 @@ def _task_records(
                 type=spec.type,
                 inputs=dict(spec.inputs),
                 mode=workflow.mode_of(task_id, mode).value,
+                unit_timeout_s=spec.unit_timeout_s,
             )
         return tasks
     for task in planned:
@@ -477,5 +481,6 @@ def _task_records(
             plan=dataclasses.asdict(task.plan),
             resources=dataclasses.asdict(task.resources),
             attempts=dict(earlier.attempts) if earlier else {},
+            unit_timeout_s=workflow.spec.tasks[task.task_id].unit_timeout_s,
         )
     return tasks

@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from simrun_core.rpc.auth import bearer_metadata
 from simrun_core.telemetry import Telemetry, process_telemetry
 
 ChannelOption = tuple[str, Any]
@@ -35,7 +34,9 @@ class BearerToken(
     """Adds `authorization: Bearer <token>` to every call."""
 
     def __init__(self, token: str) -> None:
-        self._metadata = bearer_metadata(token)
+        # As `simrun_core.rpc.auth.bearer_metadata` says it; not imported from there, which loads pydantic
+        # (the CLI's start).
+        self._metadata = (("authorization", f"Bearer {token}"),)
 
     def _details(self, details: Any) -> _CallDetails:
         metadata = [*(details.metadata or ()), *self._metadata]

@@ -666,3 +666,171 @@ class ListNodesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListNodesResponse: _TypeAlias = ListNodesResponse  # noqa: Y015
+
+@_typing.final
+class ListOutputsRequest(_message.Message):
+    """Which outputs to list."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Id of the run."""
+    task_id: _builtins.str
+    """Only this task's outputs; empty for every task's."""
+    port: _builtins.str
+    """Only this output port of the task; empty for all its ports."""
+    page_size: _builtins.int
+    """Most files to return; 0 for the default (1000), at most 1000."""
+    page_token: _builtins.str
+    """The next_page_token of the previous page; empty for the first."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        port: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "port", b"port", "run_id", b"run_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOutputsRequest: _TypeAlias = ListOutputsRequest  # noqa: Y015
+
+@_typing.final
+class OutputFile(_message.Message):
+    """A file of an output port."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    STORE_PATH_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Id of the task that wrote it."""
+    port: _builtins.str
+    """The output port."""
+    path: _builtins.str
+    """The file's path in the port's folder, `/`-separated."""
+    store_path: _builtins.str
+    """The file's path in the store, relative to the store's root (`runs/<id>/tasks/<task>/out/<port>/<path>`)."""
+    size_bytes: _builtins.int
+    """Its size, bytes."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        port: _builtins.str = ...,
+        path: _builtins.str = ...,
+        store_path: _builtins.str = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "port", b"port", "size_bytes", b"size_bytes", "store_path", b"store_path", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputFile: _TypeAlias = OutputFile  # noqa: Y015
+
+@_typing.final
+class ListOutputsResponse(_message.Message):
+    """A page of output files."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token of the next page; empty at the end."""
+    @_builtins.property
+    def files(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputFile]:
+        """The files, by task in run order, then port and path."""
+
+    def __init__(
+        self,
+        *,
+        files: _abc.Iterable[Global___OutputFile] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["files", b"files", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOutputsResponse: _TypeAlias = ListOutputsResponse  # noqa: Y015
+
+@_typing.final
+class FetchOutputRequest(_message.Message):
+    """The output port to fetch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Id of the run."""
+    task_id: _builtins.str
+    """Id of the task."""
+    port: _builtins.str
+    """The output port."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        port: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["port", b"port", "run_id", b"run_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchOutputRequest: _TypeAlias = FetchOutputRequest  # noqa: Y015
+
+@_typing.final
+class FetchOutputResponse(_message.Message):
+    """A piece of a file of the port; a file's pieces come in order, an empty file as one empty piece."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """The file's path in the port's folder, `/`-separated."""
+    offset: _builtins.int
+    """Where `data` starts in the file, bytes."""
+    data: _builtins.bytes
+    """The bytes of the piece, at most 1 MiB."""
+    size_bytes: _builtins.int
+    """The whole file's size, bytes."""
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset", "path", b"path", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchOutputResponse: _TypeAlias = FetchOutputResponse  # noqa: Y015

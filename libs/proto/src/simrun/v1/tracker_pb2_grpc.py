@@ -80,6 +80,16 @@ class RunTrackerServiceStub:
                 request_serializer=simrun_dot_v1_dot_tracker__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=simrun_dot_v1_dot_tracker__pb2.ListNodesResponse.FromString,
                 _registered_method=True)
+        self.ListOutputs = channel.unary_unary(
+                '/simrun.v1.RunTrackerService/ListOutputs',
+                request_serializer=simrun_dot_v1_dot_tracker__pb2.ListOutputsRequest.SerializeToString,
+                response_deserializer=simrun_dot_v1_dot_tracker__pb2.ListOutputsResponse.FromString,
+                _registered_method=True)
+        self.FetchOutput = channel.unary_stream(
+                '/simrun.v1.RunTrackerService/FetchOutput',
+                request_serializer=simrun_dot_v1_dot_tracker__pb2.FetchOutputRequest.SerializeToString,
+                response_deserializer=simrun_dot_v1_dot_tracker__pb2.FetchOutputResponse.FromString,
+                _registered_method=True)
 
 
 class RunTrackerServiceServicer:
@@ -149,6 +159,20 @@ class RunTrackerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListOutputs(self, request, context):
+        """Lists the files of a run's output ports (of one task, of one port) with their paths in the store and sizes. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a bad port name, a port without its task, a negative page size or a bad page token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchOutput(self, request, context):
+        """Streams the files of one output port in chunks, so a client without the store mounted can copy them. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a missing task or port or a bad port name, FAILED_PRECONDITION while the task has not succeeded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunTrackerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +220,16 @@ def add_RunTrackerServiceServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=simrun_dot_v1_dot_tracker__pb2.ListNodesRequest.FromString,
                     response_serializer=simrun_dot_v1_dot_tracker__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'ListOutputs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOutputs,
+                    request_deserializer=simrun_dot_v1_dot_tracker__pb2.ListOutputsRequest.FromString,
+                    response_serializer=simrun_dot_v1_dot_tracker__pb2.ListOutputsResponse.SerializeToString,
+            ),
+            'FetchOutput': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchOutput,
+                    request_deserializer=simrun_dot_v1_dot_tracker__pb2.FetchOutputRequest.FromString,
+                    response_serializer=simrun_dot_v1_dot_tracker__pb2.FetchOutputResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +476,60 @@ class RunTrackerService:
             '/simrun.v1.RunTrackerService/ListNodes',
             simrun_dot_v1_dot_tracker__pb2.ListNodesRequest.SerializeToString,
             simrun_dot_v1_dot_tracker__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOutputs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/simrun.v1.RunTrackerService/ListOutputs',
+            simrun_dot_v1_dot_tracker__pb2.ListOutputsRequest.SerializeToString,
+            simrun_dot_v1_dot_tracker__pb2.ListOutputsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/simrun.v1.RunTrackerService/FetchOutput',
+            simrun_dot_v1_dot_tracker__pb2.FetchOutputRequest.SerializeToString,
+            simrun_dot_v1_dot_tracker__pb2.FetchOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

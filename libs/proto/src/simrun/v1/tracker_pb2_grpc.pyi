@@ -51,6 +51,10 @@ class RunTrackerServiceStub:
     """Plans a workflow without running it and estimates its tasks' seconds. Returns the same errors as SubmitRun."""
     ListNodes: _grpc.UnaryUnaryMultiCallable[_tracker_pb2.ListNodesRequest, _tracker_pb2.ListNodesResponse]
     """Lists the nodes of the executor with their reservations. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+    ListOutputs: _grpc.UnaryUnaryMultiCallable[_tracker_pb2.ListOutputsRequest, _tracker_pb2.ListOutputsResponse]
+    """Lists the files of a run's output ports (of one task, of one port) with their paths in the store and sizes. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a bad port name, a port without its task, a negative page size or a bad page token."""
+    FetchOutput: _grpc.UnaryStreamMultiCallable[_tracker_pb2.FetchOutputRequest, _tracker_pb2.FetchOutputResponse]
+    """Streams the files of one output port in chunks, so a client without the store mounted can copy them. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a missing task or port or a bad port name, FAILED_PRECONDITION while the task has not succeeded."""
 
 @_typing.type_check_only
 class RunTrackerServiceAsyncStub(RunTrackerServiceStub):
@@ -75,6 +79,10 @@ class RunTrackerServiceAsyncStub(RunTrackerServiceStub):
     """Plans a workflow without running it and estimates its tasks' seconds. Returns the same errors as SubmitRun."""
     ListNodes: _aio.UnaryUnaryMultiCallable[_tracker_pb2.ListNodesRequest, _tracker_pb2.ListNodesResponse]  # type: ignore[assignment]
     """Lists the nodes of the executor with their reservations. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+    ListOutputs: _aio.UnaryUnaryMultiCallable[_tracker_pb2.ListOutputsRequest, _tracker_pb2.ListOutputsResponse]  # type: ignore[assignment]
+    """Lists the files of a run's output ports (of one task, of one port) with their paths in the store and sizes. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a bad port name, a port without its task, a negative page size or a bad page token."""
+    FetchOutput: _aio.UnaryStreamMultiCallable[_tracker_pb2.FetchOutputRequest, _tracker_pb2.FetchOutputResponse]  # type: ignore[assignment]
+    """Streams the files of one output port in chunks, so a client without the store mounted can copy them. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a missing task or port or a bad port name, FAILED_PRECONDITION while the task has not succeeded."""
 
 class RunTrackerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Runs workflows: records them in the store, drives their tasks' pods through an executor and follows them to the end."""
@@ -150,5 +158,21 @@ class RunTrackerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_tracker_pb2.ListNodesResponse, _abc.Awaitable[_tracker_pb2.ListNodesResponse]]:
         """Lists the nodes of the executor with their reservations. Returns INVALID_ARGUMENT for a negative page size or a bad page token."""
+
+    @_abc_1.abstractmethod
+    def ListOutputs(
+        self,
+        request: _tracker_pb2.ListOutputsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tracker_pb2.ListOutputsResponse, _abc.Awaitable[_tracker_pb2.ListOutputsResponse]]:
+        """Lists the files of a run's output ports (of one task, of one port) with their paths in the store and sizes. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a bad port name, a port without its task, a negative page size or a bad page token."""
+
+    @_abc_1.abstractmethod
+    def FetchOutput(
+        self,
+        request: _tracker_pb2.FetchOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_tracker_pb2.FetchOutputResponse], _abc.AsyncIterator[_tracker_pb2.FetchOutputResponse]]:
+        """Streams the files of one output port in chunks, so a client without the store mounted can copy them. Returns NOT_FOUND for an unknown run, task or port, INVALID_ARGUMENT for a missing task or port or a bad port name, FAILED_PRECONDITION while the task has not succeeded."""
 
 def add_RunTrackerServiceServicer_to_server(servicer: RunTrackerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

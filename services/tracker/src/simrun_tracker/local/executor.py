@@ -392,8 +392,9 @@ class LocalExecutor:
                 limit_by = f"cgroup v{self._cgroups.version}" if self._cgroups else "watchdog"
                 log.write(
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
-                    f"memory limit {gib(status.memory_gb)} GiB ({gib(status.memory_gb / max(processes, 1))} "
-                    f"GiB per process, {limit_by}), cores {spec.cores}, {_now()} ===\n".encode()
+                    f"memory limit {gib(status.memory_gb)} GiB "
+                    f"({gib(spec.per_process_gb(status.memory_gb, processes))} GiB per process, {limit_by}), "
+                    f"cores {spec.cores}, {_now()} ===\n".encode()
                 )
                 log.flush()
                 pod.process = subprocess.Popen(
@@ -471,9 +472,9 @@ class LocalExecutor:
         elif evidence is not None or sigkilled:
             retried = self._retried(status)
             processes = pod.spec.processes_after(retried)
-            per_process = gib(status.memory_gb / max(processes, 1))
+            per_process = gib(pod.spec.per_process_gb(status.memory_gb, processes))
             if evidence is not None:
-                kill = MemoryKill(status.memory_gb, status.memory_gb / max(processes, 1), evidence)
+                kill = MemoryKill(status.memory_gb, pod.spec.per_process_gb(status.memory_gb, processes), evidence)
                 status.memory_kills.append(kill)
                 what = (
                     f"killed for memory ({evidence}{seen}) with {gib(kill.memory_gb)} GiB "

@@ -1,0 +1,205 @@
+"""Incremental structures of the simulator: the queue in each order and the machines sorted for best fit.
+
+Both exist so that the cost of an event does not grow with the flow: the queue is touched only where
+a process enters or starts, the machine index only where a machine's free resources change. Each
+gives exactly what the full computation it replaces would give (the tests compare them by hypothesis).
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, insort
+from collections.abc import Iterator
+
+import numpy as np
+
+__all__ = ["TOL", "MachineIndex", "OrderedQueue", "round9"]
+
+TOL = 1e-9
+"""Absolute slack for comparisons of sums of cores and memory, which accumulate rounding."""
+
+
+def round9(value: float) -> float:
+    """``numpy.round(value, 9)`` for one float: ``rint(value × 10⁹) / 10⁹`` (a zero may lose its sign)."""
+    scaled = value * 1e9
+    if scaled - scaled != 0.0:  # infinite (or NaN): rint leaves it as it is
+        return scaled / 1e9
+    return round(scaled) / 1e9
+
+
+class OrderedQueue:
+    """The queued processes of one queue order, kept sorted by their rank in that order.
+
+    ``order`` is the full sort of every process of the flow (a permutation of ``range(n)``); the
+    queue holds the ranks of the processes now queued in a sorted array of integers, so entering and
+    starting cost a binary search and a move of the array's tail (C speed), reading the queue in order
+    costs only its length, never the flow's, and numpy can read the ranks without a copy.
+    """
+
+    __slots__ = ("_order", "_process_at", "_rank_of", "ranks")
+
+    def __init__(self, order: np.ndarray) -> None:
+        self._order = np.array(order, dtype=np.int64)
+        self._order.flags.writeable = False
+        self._process_at: list[int] = order.tolist()
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size)
+        self._rank_of: list[int] = rank.tolist()
+        self.ranks = array("q")
+
+    def empty_copy(self) -> OrderedQueue:
+        """A new, empty queue in the same order (sharing the order's tables, which never change)."""
+        queue = OrderedQueue.__new__(OrderedQueue)
+        queue._order = self._order
+        queue._process_at = self._process_at
+        queue._rank_of = self._rank_of
+        queue.ranks = array("q")
+        return queue
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def rank(self, process: int) -> int:
+        """The position of ``process`` in the order's full sort."""
+        return self._rank_of[process]
+
+    def add(self, process: int) -> None:
+        """Queue ``process`` (it must not be queued already)."""
+        insort(self.ranks, self._rank_of[process])
+
+    def remove(self, process: int) -> None:
+        """Take ``process`` out of the queue (it must be queued)."""
+        ranks = self.ranks
+        del ranks[bisect_left(ranks, self._rank_of[process])]
+
+    def processes(self, limit: int | None = None) -> list[int]:
+        """The queued processes in order, the first ``limit`` of them if given (a new list)."""
+        at = self._process_at
+        ranks = self.ranks if limit is None else self.ranks[:limit]
+        return [at[r] for r in ranks]
+
+    def processes_within(
+        self, cpu: np.ndarray, memory: np.ndarray, cpu_limit: float, memory_limit: float, also: list[int]
+    ) -> list[int]:
+        """The queued processes, in order, asking at most the limits (within :data:`TOL`), and those in ``also``.
+
+        A process is kept if ``cpu[p] - TOL <= cpu_limit`` and ``memory[p] - TOL <= memory_limit``;
+        ``also`` lists queued processes to keep whatever they ask. One pass of whole-array
+        operations over the queue, for long queues where a Python loop over it would cost more.
+        """
+        if not self.ranks:
+            return []
+        ranks = np.frombuffer(self.ranks, dtype=np.int64)  # a view: dropped before the queue changes
+        processes = self._order[ranks]
+        keep = (cpu[processes] - TOL <= cpu_limit) & (memory[processes] - TOL <= memory_limit)
+        if also:
+            rank_of = self._rank_of
+            keep[np.searchsorted(ranks, [rank_of[p] for p in also])] = True
+        del ranks
+        return processes[keep].tolist()
+
+    def least(self, cpu: np.ndarray, memory: np.ndarray) -> tuple[float, float]:
+        """The least ``cpu`` and the least ``memory`` of the queued processes (the queue must not be empty)."""
+        ranks = np.frombuffer(self.ranks, dtype=np.int64)  # a view: dropped before the queue changes
+        processes = self._order[ranks]
+        del ranks
+        return float(cpu[processes].min()), float(memory[processes].min())
+
+    def processes_before(self, rank: int) -> Iterator[int]:
+        """The queued processes whose rank is below ``rank``, in order, as of this call (read lazily)."""
+        ranks = self.ranks
+        return map(self._process_at.__getitem__, ranks[: bisect_left(ranks, rank)])
+
+
+class MachineIndex:
+    """Free admitted CPU and free batch memory per machine, with the machines sorted by free CPU.
+
+    Best fit picks, among the machines where both fit (within :data:`TOL`), the least CPU left over,
+    then the least memory left over (both rounded to 9 decimals so float noise does not break genuine
+    ties), then the lowest index. Sorted by free CPU, the machines left with the least CPU come first,
+    so a search starts at the first machine with enough CPU and stops once the CPU left over grows.
+    The order among machines with equal free CPU does not matter: ties are broken explicitly.
+    """
+
+    __slots__ = ("_keys", "_machines", "_max_memory", "cpu", "memory")
+
+    def __init__(self, cpu: list[float], memory: list[float]) -> None:
+        self.cpu: list[float] = []
+        self.memory: list[float] = []
+        self._keys: list[float] = []  # free CPU, ascending
+        self._machines: list[int] = []  # the machine of each key
+        self._max_memory: float | None = None
+        self.rebuild(list(cpu), list(memory))
+
+    def rebuild(self, cpu: list[float], memory: list[float]) -> None:
+        """Replace every machine's free CPU and memory (the index keeps the lists it is given)."""
+        self.cpu = cpu
+        self.memory = memory
+        self._machines = sorted(range(len(cpu)), key=cpu.__getitem__)
+        self._keys = [cpu[j] for j in self._machines]
+        self._max_memory = None
+
+    def set(self, machine: int, cpu: float, memory: float) -> None:
+        """Set one machine's free CPU and memory."""
+        keys = self._keys
+        machines = self._machines
+        k = bisect_left(keys, self.cpu[machine])
+        while machines[k] != machine:
+            k += 1
+        del keys[k]
+        del machines[k]
+        k = bisect_left(keys, cpu)
+        keys.insert(k, cpu)
+        machines.insert(k, machine)
+        self.cpu[machine] = cpu
+        most = self._max_memory
+        if most is not None:
+            if memory > most:
+                self._max_memory = memory
+            elif memory < most and self.memory[machine] == most:
+                self._max_memory = None  # the maximum may have gone: find it again when asked
+        self.memory[machine] = memory
+
+    @property
+    def max_cpu(self) -> float:
+        """The most free CPU on any machine."""
+        return self._keys[-1]
+
+    @property
+    def max_memory(self) -> float:
+        """The most free memory on any machine."""
+        most = self._max_memory
+        if most is None:
+            most = self._max_memory = max(self.memory)
+        return most
+
+    def best_fit(self, cpu: float, memory: float) -> int:
+        """The best-fit machine for a process asking ``cpu`` and ``memory``, or -1 if none fits."""
+        keys = self._keys
+        machines = self._machines
+        free_memory = self.memory
+        need_memory = memory - TOL
+        k = bisect_left(keys, cpu - TOL)
+        count = len(keys)
+        while k < count:
+            machine = machines[k]
+            k += 1
+            if free_memory[machine] >= need_memory:
+                break
+        else:
+            return -1
+        cpu_left = round9(keys[k - 1] - cpu)
+        best_memory_left = round9(free_memory[machine] - memory)
+        best = machine
+        # The CPU left over only grows along the keys; the machines that tie on it follow the first fit.
+        while k < count:
+            if round9(keys[k] - cpu) != cpu_left:
+                break
+            other = machines[k]
+            k += 1
+            if free_memory[other] >= need_memory:
+                memory_left = round9(free_memory[other] - memory)
+                if memory_left < best_memory_left or (memory_left == best_memory_left and other < best):
+                    best_memory_left = memory_left
+                    best = other
+        return best
