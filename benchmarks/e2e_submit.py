@@ -28,8 +28,8 @@ from simrun_client.client import Client
 from simrun_client.snapshots import upload_snapshot
 from simrun_core.config import NodeConfig, ServerConfig
 from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_gateway.embedded import start_embedded
-from simrun_snapshot.convert import snapshot_to_proto
 
 MODEL = Path(__file__).resolve().parents[1] / "tests" / "e2e_model"
 TOKEN = "bench-token"

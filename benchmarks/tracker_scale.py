@@ -32,11 +32,11 @@ from simrun_client.snapshots import upload_snapshot
 from simrun_core.identity import Priority
 from simrun_core.resources import ResolvedResources, SplitMode
 from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_gateway.embedded import start_embedded
 from simrun_planner import Node, plan_task
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord
-from simrun_snapshot.convert import snapshot_to_proto
 from simrun_tracker.describer import SubprocessDescriber
 from simrun_tracker.executor import PodRole, PodSpec
 from simrun_tracker.local import LocalExecutor

@@ -172,6 +172,18 @@ def test_submit_needs_an_existing_workflow(invoke: Invoke, tmp_path: Path) -> No
     assert result.exit_code == 2 and "does not exist" in result.stderr
 
 
+def test_submit_with_the_same_request_id_returns_the_first_run(invoke: Invoke, model_repo: Path) -> None:
+    first = invoke("submit", model_repo / "slow.yaml", "--request-id", "cli-retry-1", "--json")
+    second = invoke("submit", model_repo / "slow.yaml", "--request-id", "cli-retry-1", "--json")
+    try:
+        assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+        assert json.loads(second.stdout)["run_id"] == json.loads(first.stdout)["run_id"]
+    finally:
+        for result in (first, second):
+            if result.exit_code == 0:
+                invoke("cancel", json.loads(result.stdout)["run_id"])
+
+
 TINY = """\
 name: tiny
 group: nested

@@ -178,6 +178,11 @@ def test_a_model_given_explicitly_and_a_mounted_store(
 
 def test_cancel_stops_a_running_run(client: Client, model_repo: Path) -> None:
     run = client.submit(model_repo / "slow.yaml")
+    # A bounded wait returns the run as it is when the time is up, not yet ended; a bounded watch just stops.
+    waited = client.wait(run.run_id, timeout_s=0.5)
+    assert waited.run_id == run.run_id and waited.state not in FINAL_RUN_STATES
+    updates = list(client.watch(run.run_id, timeout_s=0.5))
+    assert updates and all(u.run.state not in FINAL_RUN_STATES for u in updates)
     client.cancel(run.run_id)
     final = client.wait(run.run_id)
     assert final.state == common_pb2.RUN_STATE_CANCELLED

@@ -12,8 +12,8 @@ import pytest
 from simrun.v1 import common_pb2, snapshot_pb2, snapshot_pb2_grpc
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.snapshots.tarball import iter_tar
 from simrun_snapshot.server import create_server
-from simrun_snapshot.tarball import iter_tar
 
 TOKEN = "s3cret"
 CONTENTS = {"a.py": b"a = 1\n", "b/c.py": b"c = 3\n", "d.txt": b"a = 1\n"}

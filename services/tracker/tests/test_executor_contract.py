@@ -1,5 +1,7 @@
 """The executor port's contract: one suite every adapter passes (start, observe, preempt, memory-kill retry, stop,
-reserve, restart), run against the local executor with real processes and against the scripted fake.
+reserve, restart), run against the local executor with real processes, against the scripted fake, and against the
+kubernetes executor talking through the real `kubernetes` client to the fake API server with Argo and Kueue played
+(`kubernetes_cluster`).
 
 An adapter joins by giving a harness: how to make a pod it can control, make that pod exit or be killed for
 memory, and restart the executor over the same store.
@@ -15,7 +17,9 @@ from typing import Protocol
 
 import pytest
 from fake_executor import FakeExecutor
+from kubernetes_cluster import ScriptedCluster
 from simrun_planner import Node
+from simrun_runtime.layout import StoreLayout
 from simrun_tracker.executor import (
     Executor,
     MemoryKill,
@@ -25,6 +29,8 @@ from simrun_tracker.executor import (
     PodSpec,
     PodStatus,
     RunRecovery,
+    RunSpec,
+    TaskSpec,
 )
 from simrun_tracker.local import LocalExecutor
 
@@ -102,9 +108,64 @@ class FakeHarness:
         return self.executor
 
 
-@pytest.fixture(params=["local", "fake"])
+IMAGE = "registry.simrun:5000/simrun/env@sha256:" + "ef" * 32
+
+
+class RunsOfPods:
+    """The kubernetes executor orders a run's tasks itself: pods handed over together are one run for it."""
+
+    def __init__(self, executor: Executor, cluster: ScriptedCluster) -> None:
+        self._executor = executor
+        self._cluster = cluster
+
+    def start_pods(self, pods: list[PodSpec]) -> None:
+        for run_id in dict.fromkeys(p.run_id for p in pods):
+            tasks: dict[str, list[PodSpec]] = {}
+            for pod in pods:
+                if pod.run_id == run_id:
+                    tasks.setdefault(pod.task_id, []).append(pod)
+            self._executor.start_run(RunSpec(run_id, [TaskSpec(t, specs) for t, specs in tasks.items()]))
+
+    def close(self) -> None:
+        self._executor.close()
+        self._cluster.close()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._executor, name)
+
+
+class KubernetesHarness:
+    def __init__(self, box: Path) -> None:
+        from simrun_tracker.kubernetes.adapter import KubernetesExecutor
+        from simrun_tracker.kubernetes.config import KubernetesSettings
+
+        self.cluster = ScriptedCluster(list(NODES))
+        settings = KubernetesSettings(default_image=IMAGE, watch_timeout_s=5, backoff_max_s=0.5)
+        adapter = KubernetesExecutor(settings, StoreLayout(box), client=self.cluster.api.client())
+        self.executor: Executor = RunsOfPods(adapter, self.cluster)  # type: ignore[assignment]
+
+    def exit(self, spec: PodSpec, code: int) -> None:
+        self.cluster.exit(spec.run_id, spec.task_id, spec.worker, code)
+
+    def kill_for_memory(self, spec: PodSpec) -> None:
+        self.cluster.exit(spec.run_id, spec.task_id, spec.worker, 137, "OOMKilled")
+
+    def restart(self) -> Executor:
+        pytest.skip(
+            "a cluster adapter's close() stops nothing: the pod keeps running on its node with its attempt "
+            "(test_kubernetes_adapter covers its restart)"
+        )
+
+
+@pytest.fixture(params=["local", "fake", "kubernetes"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    made: Harness = LocalHarness(tmp_path) if request.param == "local" else FakeHarness()
+    made: Harness
+    if request.param == "local":
+        made = LocalHarness(tmp_path)
+    elif request.param == "fake":
+        made = FakeHarness()
+    else:
+        made = KubernetesHarness(tmp_path)
     yield made
     made.executor.close()
 

@@ -11,6 +11,7 @@ import click
 from simrun_core.errors import SimrunError
 
 from simrun_cli import __version__
+from simrun_cli.argo import render_command
 from simrun_cli.lazy import lazy_module
 from simrun_cli.options import json_option, with_client
 from simrun_cli.server import server
@@ -48,6 +49,7 @@ def cli() -> None:
 
 
 cli.add_command(server)
+cli.add_command(render_command)
 
 workflow_argument = click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 model_option = click.option(
@@ -93,6 +95,11 @@ def reuse_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--reserve", metavar="NODE", help="Reserve this node for the run.")
 @model_option
 @store_option
+@click.option(
+    "--request-id",
+    metavar="ID",
+    help="An id you pick for this submission: retrying with the same id returns the first run, not a new one.",
+)
 @click.option("--watch", is_flag=True, help="Follow the run with a progress bar per task until it ends.")
 @reuse_options
 @json_option
@@ -104,6 +111,7 @@ def submit(
     reserve: str | None,
     model: Path | None,
     store: Path | None,
+    request_id: str | None,
     watch: bool,
     reuse: str | None,
     resume_from: str | None,
@@ -127,6 +135,7 @@ def submit(
         reuse=reuse,
         resume_from=resume_from,
         rerun=rerun,
+        request_id=request_id,
     )
     out = render.console()
     if not as_json:

@@ -148,9 +148,9 @@ class Client:
         try:
             if store is not None:
                 return snapshot_to_store(tree, Path(store), name=name)
-            return upload_snapshot(tree, self._channel, name=name)
+            return upload_snapshot(tree, self._channel, name=name, timeout_s=self.timeout_s)
         except SimrunError as exc:
-            raise self._explain(exc) from None
+            raise self._explain(exc, self.timeout_s) from None
 
     def submit(
         self,
@@ -164,6 +164,7 @@ class Client:
         reuse: str | None = None,
         resume_from: str | None = None,
         rerun: list[str] | tuple[str, ...] = (),
+        request_id: str | None = None,
     ) -> common_pb2.Run:
         """Submits a workflow file, run on a snapshot of its model, and returns the run as recorded (SUBMITTING).
 
@@ -179,6 +180,8 @@ class Client:
                 (the default: any run this identity may read).
             resume_from: a run whose results are reused first.
             rerun: tasks to compute again even where an earlier result has their key.
+            request_id: an id you pick for this submission, so retrying it is safe: a submission with a request
+                id your identity used before returns that first run instead of starting another.
         """
         # One span over the snapshot and the submission, so both calls sit in one trace under the client's.
         with self.telemetry.span("simrun_client.submit", attributes={"simrun.workflow": str(workflow_path)}) as span:
@@ -192,6 +195,7 @@ class Client:
                 reuse=reuse_policy(reuse),
                 resume_from_run_id=resume_from or "",
                 rerun=list(rerun),
+                request_id=request_id or "",
             )
             run = self._call(self._tracker.SubmitRun, request).run
             span.set_attribute("simrun.run_id", run.run_id)
@@ -294,31 +298,73 @@ class Client:
                 return runs
             request.page_token = response.next_page_token
 
+    def list_runs_page(
+        self,
+        group: str | None = None,
+        state: str | int | None = None,
+        owner: str | None = None,
+        page_size: int = 0,
+        page_token: str | None = None,
+    ) -> tracker_pb2.ListRunsResponse:
+        """One page of the runs matching the filters, newest first, with the token of the next page (empty at the end).
+
+        Args:
+            page_token: the `next_page_token` of the previous page; None for the first.
+        """
+        request = tracker_pb2.ListRunsRequest(
+            group=group or "",
+            state=run_state(state) if state is not None else common_pb2.RUN_STATE_UNSPECIFIED,
+            owner=owner or "",
+            page_size=page_size,
+            page_token=page_token or "",
+        )
+        return self._call(self._tracker.ListRuns, request)
+
     def cancel(self, run_id: str) -> common_pb2.Run:
         """Cancels a run and stops its pods; returns the run."""
         return self._call(self._tracker.CancelRun, tracker_pb2.CancelRunRequest(run_id=run_id)).run
 
-    def watch(self, run_id: str) -> Iterator[tracker_pb2.WatchRunResponse]:
-        """The run and its tasks' progress whenever they change, until it ends."""
-        return self._stream(self._tracker.WatchRun, tracker_pb2.WatchRunRequest(run_id=run_id))
+    def watch(self, run_id: str, timeout_s: float | None = None) -> Iterator[tracker_pb2.WatchRunResponse]:
+        """The run and its tasks' progress whenever they change, until it ends or `timeout_s` seconds pass.
 
-    def wait(self, run_id: str) -> common_pb2.Run:
-        """Blocks until the run ends and returns it."""
+        The first update is the run as it is now. Once `timeout_s` passes the iteration simply stops (no
+        error): the run goes on, and a caller that needs to know whether it ended looks at the last update's
+        `run.state` (see `FINAL_RUN_STATES`). None watches until the run ends.
+        """
+        return self._stream(
+            self._tracker.WatchRun, tracker_pb2.WatchRunRequest(run_id=run_id), timeout_s=timeout_s, until=True
+        )
+
+    def wait(self, run_id: str, timeout_s: float | None = None) -> common_pb2.Run:
+        """Blocks until the run ends, or at most `timeout_s` seconds, and returns the run as it is then.
+
+        After a timeout the run returned has not ended (its state is not in `FINAL_RUN_STATES`).
+        """
         run: common_pb2.Run | None = None
         # Read the stream to its end (the server ends it once the run ends) rather than leaving it early.
-        for update in self.watch(run_id):
+        for update in self.watch(run_id, timeout_s=timeout_s):
             run = update.run
         if run is None or run.state not in FINAL_RUN_STATES:
-            # The stream ended without a final state (e.g. the server stopped): say what the run is now.
+            # The stream ended without a final state (the timeout, or the server stopped): the run now.
             return self.get_run(run_id)
         return run
 
     def logs(
-        self, run_id: str, task_id: str, worker: str | None = None, follow: bool = False
+        self,
+        run_id: str,
+        task_id: str,
+        worker: str | None = None,
+        follow: bool = False,
+        timeout_s: float | None = None,
     ) -> Iterator[tracker_pb2.StreamLogsResponse]:
-        """The logs of a task's pods (or of one worker, `w0`, `w1`, …), following them while the task runs."""
+        """The logs of a task's pods (or of one worker, `w0`, `w1`, …), following them while the task runs.
+
+        Args:
+            timeout_s: seconds the whole stream may take; past them it fails with `Unavailable` (a stream that
+                is not followed); a followed stream simply stops. None for no limit.
+        """
         request = tracker_pb2.StreamLogsRequest(run_id=run_id, task_id=task_id, worker=worker or "", follow=follow)
-        return self._stream(self._tracker.StreamLogs, request)
+        return self._stream(self._tracker.StreamLogs, request, timeout_s=timeout_s, until=follow)
 
     def compare(self, run_ids: list[str] | None = None, group: str | None = None) -> tracker_pb2.CompareRunsResponse:
         """The summary values of runs (or of a group's runs) side by side: one row per task and summary key."""
@@ -396,8 +442,8 @@ class Client:
         self, workflow_path: str | Path, model: str | Path | None, store: str | Path | None
     ) -> tuple[str, list[common_pb2.Snapshot]]:
         """The workflow's text, checked here first so a bad file costs no snapshot, and the model's snapshot."""
+        from simrun_core.snapshots.convert import snapshot_to_proto
         from simrun_core.workflow import parse_workflow
-        from simrun_snapshot.convert import snapshot_to_proto
 
         path = Path(workflow_path)
         try:
@@ -414,23 +460,31 @@ class Client:
         try:
             return method(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
-            raise self._explain(to_domain_error(exc)) from None
+            raise self._explain(to_domain_error(exc), self.timeout_s) from None
 
-    def _stream(self, method: Callable[..., Any], request: Any) -> Iterator[Any]:
-        call = method(request)
+    def _stream(
+        self, method: Callable[..., Any], request: Any, *, timeout_s: float | None = None, until: bool = False
+    ) -> Iterator[Any]:
+        """The stream's messages; with `until`, reaching `timeout_s` ends the stream instead of failing it."""
+        call = method(request, timeout=timeout_s)
         try:
             yield from call
         except grpc.RpcError as exc:
-            raise self._explain(to_domain_error(exc)) from None
+            if until and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
+                return
+            raise self._explain(to_domain_error(exc), timeout_s) from None
         finally:
             # A consumer that stops early must not leave the stream open on the server.
             call.cancel()
 
-    def _explain(self, error: SimrunError) -> SimrunError:
+    def _explain(self, error: SimrunError, timeout_s: float | None = None) -> SimrunError:
         """The error, said so that it tells what to fix where the server's words would not."""
         message = str(error)
         if isinstance(error, Unavailable) and any(m in message.lower() for m in _UNREACHABLE_MARKERS):
             return Unavailable(f"cannot reach simrun at {self.endpoint}: start it with `simrun server`")
+        if isinstance(error, Unavailable) and message.lower() == "deadline exceeded":
+            within = f" within {timeout_s:g} s" if timeout_s is not None else ""
+            return Unavailable(f"simrun at {self.endpoint} did not answer{within}; it may be overloaded: try again")
         if isinstance(error, Unauthenticated) and not self.token:
             return Unauthenticated(f"{message} (none in {simrun_home() / 'token'}, where `simrun server` writes one)")
         return error

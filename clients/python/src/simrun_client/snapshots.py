@@ -11,10 +11,10 @@ from typing import Any, BinaryIO
 import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
 from simrun_core.errors import NotFound, SimrunError
-from simrun_snapshot import convert
-from simrun_snapshot.model import Snapshot, sanitize_name, validate_name
-from simrun_snapshot.store import LocalFiles, SnapshotStore
-from simrun_snapshot.tarball import iter_tar, tar_size
+from simrun_core.snapshots import convert
+from simrun_core.snapshots.model import Snapshot, sanitize_name, validate_name
+from simrun_core.snapshots.store import LocalFiles, SnapshotStore
+from simrun_core.snapshots.tarball import iter_tar, tar_size
 
 from simrun_client.channel import call
 from simrun_client.worktree import TreeScan, scan_tree
@@ -82,6 +82,7 @@ def upload_snapshot(
     name: str | None = None,
     *,
     cache_dir: Path | None = None,
+    timeout_s: float | None = None,
 ) -> SnapshotResult:
     """Snapshots the working tree at `tree` through the snapshot service, sending only the contents it lacks.
 
@@ -90,6 +91,7 @@ def upload_snapshot(
         target: a channel (see `open_channel`, which carries the token) or a SnapshotService stub.
         name: the source name; the tree's folder name by default.
         cache_dir: where the hashes of earlier scans are kept; `default_cache_dir()` by default.
+        timeout_s: seconds each of the calls may take (the upload with its tar included); None for no limit.
 
     Raises:
         SimrunError: the typed error of the failed call, or of a bad tree.
@@ -99,7 +101,11 @@ def upload_snapshot(
     name = validate_name(name or default_name(scan.root))
     # A snapshot is named by its content: when the service has this one, asking by id is all it takes.
     try:
-        found = call(stub.GetSnapshot, snapshot_pb2.GetSnapshotRequest(name=name, snapshot_id=scan.snapshot_id))
+        found = call(
+            stub.GetSnapshot,
+            snapshot_pb2.GetSnapshotRequest(name=name, snapshot_id=scan.snapshot_id),
+            timeout=timeout_s,
+        )
     except NotFound:
         pass
     else:
@@ -107,7 +113,11 @@ def upload_snapshot(
         return SnapshotResult(snapshot, True, scan.files_read, 0, 0)
     files = [convert.file_to_proto(e) for e in scan.files]
     missing = set(
-        call(stub.FindMissingContents, snapshot_pb2.FindMissingContentsRequest(name=name, files=files)).missing_sha256
+        call(
+            stub.FindMissingContents,
+            snapshot_pb2.FindMissingContentsRequest(name=name, files=files),
+            timeout=timeout_s,
+        ).missing_sha256
     )
     first_path: dict[str, tuple[str, int]] = {}
     for entry in scan.files:
@@ -132,7 +142,7 @@ def upload_snapshot(
             raise
 
     try:
-        response = call(stub.UploadSnapshot, requests())
+        response = call(stub.UploadSnapshot, requests(), timeout=timeout_s)
     except SimrunError:
         if failure:
             raise failure[0] from None

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simrun_core.errors import InvalidArgument
+from simrun_core.snapshots.model import FileEntry, content_id, validate_files
 from simrun_runtime.record import Provenance
-from simrun_snapshot.model import FileEntry, content_id, validate_files
 
 _READ_BYTES = 1 << 20
 _CACHE_VERSION = 1

@@ -8,10 +8,10 @@ import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
+from simrun_core.snapshots.store import SnapshotStore
 from simrun_core.telemetry import Telemetry
 
 from simrun_snapshot.servicer import SnapshotServicer
-from simrun_snapshot.store import SnapshotStore
 
 SERVICE_NAME = snapshot_pb2.DESCRIPTOR.services_by_name["SnapshotService"].full_name
 

@@ -7,9 +7,8 @@ from collections.abc import Iterator
 import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
 from simrun_core.paging import page
-
-from simrun_snapshot import convert
-from simrun_snapshot.store import SnapshotStore
+from simrun_core.snapshots import convert
+from simrun_core.snapshots.store import SnapshotStore
 
 DEFAULT_PAGE_SIZE = 100
 

@@ -38,6 +38,10 @@ def build_executor(config: ServerConfig, store: StoreLayout, interpreters: Local
     """The executor the config's `executor:` section chooses."""
     if config.executor.kind == "local":
         return LocalExecutor.from_config(config.executor.local, store.root, local_launcher(interpreters))
+    if config.executor.kind == "kubernetes":
+        from simrun_tracker.kubernetes import kubernetes_executor  # the client loads only when chosen
+
+        return kubernetes_executor(config.executor.kubernetes or {}, store, config.grace_s)
     raise InvalidArgument(f"executor kind {config.executor.kind!r} is not available in this build of simrun")
 
 

@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Provenance
 
-from simrun_snapshot.model import (
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from simrun_core.snapshots.model import (
     FileEntry,
     Snapshot,
     WriteResult,
@@ -28,7 +28,7 @@ from simrun_snapshot.model import (
     validate_name,
     validate_snapshot_id,
 )
-from simrun_snapshot.tarball import drain, receive_contents
+from simrun_core.snapshots.tarball import drain, receive_contents
 
 _COPY_BYTES = 1 << 20
 READ_ONLY = 0o444

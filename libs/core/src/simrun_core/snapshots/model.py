@@ -8,8 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from simrun_core.errors import InvalidArgument
 from simrun_runtime.record import Provenance, SnapshotRef
+
+from simrun_core.errors import InvalidArgument
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
+from simrun_core.snapshots.model import FileEntry, content_id, validate_files
+from simrun_core.snapshots.store import LocalFiles, SnapshotStore
+from simrun_core.snapshots.tarball import iter_tar, tar_size
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Provenance
-from simrun_snapshot.model import FileEntry, content_id, validate_files
-from simrun_snapshot.store import LocalFiles, SnapshotStore
-from simrun_snapshot.tarball import iter_tar, tar_size
 
 PROVENANCE = Provenance(branch="main", commit="a" * 40, changed_files=["x.py"], dirty=True)
 

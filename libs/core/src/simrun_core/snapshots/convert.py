@@ -8,11 +8,11 @@ from datetime import UTC
 
 from google.protobuf.timestamp_pb2 import Timestamp
 from simrun.v1 import common_pb2, snapshot_pb2
-from simrun_core.errors import InvalidArgument
-from simrun_core.messages import provenance_from_proto, provenance_to_proto
 from simrun_runtime.record import Provenance
 
-from simrun_snapshot.model import FileEntry, Snapshot
+from simrun_core.errors import InvalidArgument
+from simrun_core.messages import provenance_from_proto, provenance_to_proto
+from simrun_core.snapshots.model import FileEntry, Snapshot
 
 
 def file_from_proto(message: common_pb2.FileEntry) -> FileEntry:

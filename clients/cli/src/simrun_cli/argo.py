@@ -1,0 +1,138 @@
+"""`simrun render`: the Argo Workflow the kubernetes executor would submit for a workflow, as YAML, nothing run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from simrun_cli.options import endpoint_option, token_option
+
+if TYPE_CHECKING:
+    from simrun_core.identity import Priority
+    from simrun_planner import Node
+
+PRIORITIES = ["owner", "standard", "agent"]
+"""`simrun_core.identity.Priority`'s values (the command loads no more than click until it runs)."""
+
+
+def _model_root(workflow: Path, model: Path | None) -> Path:
+    """The model as a submission finds it: --model, else the innermost `pyproject.toml` folder, else the tree's top.
+
+    Raises:
+        InvalidArgument: the workflow is not in a git working tree (and no --model).
+    """
+    from simrun_client.client import git_toplevel
+
+    from simrun_cli.main import default_model
+
+    if model is not None:
+        return model.resolve()
+    return default_model(workflow) or git_toplevel(workflow.resolve().parent)
+
+
+def _server_nodes(endpoint: str, token: str | None) -> tuple[list[Node], Priority]:
+    from simrun_client.client import Client
+    from simrun_core.config import client_token
+    from simrun_core.messages import priority_from_proto
+    from simrun_planner.convert import nodes_from_proto
+
+    with Client(endpoint, client_token(token)) as client:
+        nodes = nodes_from_proto(client.nodes())
+        identity = client.identity()
+    return nodes, priority_from_proto(identity.priority)
+
+
+@click.command("render")
+@click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--nodes",
+    "nodes_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML list of nodes ({name, cores, memory_gb, gpus}) to plan on; no server needed. Default: the server's.",
+)
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The model's working tree; default: the git working tree that holds the workflow.",
+)
+@click.option(
+    "--image",
+    envvar="SIMRUN_IMAGE",
+    metavar="REPO@sha256:…",
+    help="The run's image by digest; default: the config's executor.kubernetes.default_image.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A server config whose executor.kubernetes settings to render with (namespace, queue, store, image).",
+)
+@click.option(
+    "--priority",
+    type=click.Choice(PRIORITIES),
+    help="The run's priority with --nodes; default: standard (with the server: the token's identity's).",
+)
+@click.option("--single-server", is_flag=True, help="Place each split task's pod on one server.")
+@endpoint_option
+@token_option
+def render_command(
+    workflow: Path,
+    nodes_file: Path | None,
+    model: Path | None,
+    image: str | None,
+    config_file: Path | None,
+    priority: str | None,
+    single_server: bool,
+    endpoint: str,
+    token: str | None,
+) -> None:
+    """Print the Argo Workflow the kubernetes executor would submit for WORKFLOW, as YAML, submitting nothing.
+
+    The run is planned as a submission plans it: its types described from the model's working tree, each task's
+    resources from its type's hint, on the nodes of --nodes (or the server's).
+    """
+    import sys
+
+    import yaml
+    from simrun_core.config import ServerConfig
+    from simrun_core.errors import InvalidArgument
+    from simrun_core.identity import Priority
+    from simrun_core.resources import SplitMode
+    from simrun_planner import Node
+    from simrun_tracker.describer import SubprocessDescriber
+    from simrun_tracker.kubernetes.config import KubernetesSettings
+    from simrun_tracker.kubernetes.preview import preview_workflow
+
+    settings = KubernetesSettings()
+    if config_file is not None:
+        config = ServerConfig.load(config_file)
+        settings = KubernetesSettings.model_validate(config.executor.kubernetes or {})
+    image = image or settings.default_image
+    if not image:
+        raise InvalidArgument("no image to render with: pass --image REPO@sha256:… (the run's environment image)")
+    if nodes_file is not None:
+        from simrun_cli.server import load_nodes
+
+        nodes = [Node(n.name, n.cores, n.memory_gb, n.gpus) for n in load_nodes(nodes_file)]
+        run_priority = Priority(priority or Priority.STANDARD.value)
+    else:
+        nodes, run_priority = _server_nodes(endpoint, token)
+        run_priority = Priority(priority) if priority else run_priority
+    describer = SubprocessDescriber()
+    try:
+        preview = preview_workflow(
+            workflow.read_text(),
+            _model_root(workflow, model),
+            nodes,
+            describer=describer,
+            interpreter=sys.executable,
+            settings=settings,
+            image=image,
+            priority=run_priority,
+            mode=SplitMode.SINGLE_SERVER if single_server else None,
+        )
+    finally:
+        describer.close()
+    click.echo(yaml.safe_dump(preview.workflow, sort_keys=False, width=120), nl=False)

@@ -1,0 +1,1 @@
+"""simrun's MCP bridge."""

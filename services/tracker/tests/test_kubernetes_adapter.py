@@ -1,0 +1,508 @@
+"""The kubernetes executor through the real `kubernetes` client against a fake API server on the real REST paths.
+
+The tests play Argo and Kueue (`ArgoScript`): they make the pods of the submitted Workflow from its own templates
+and move them through admission, preemption, kills for memory and exits, and check what the port reports.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_fake_api import ArgoScript, FakeApiServer, node
+from kubernetes_runs import IMAGE, planned_record, scan_run
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.reports import WorkerReport, utcnow
+from simrun_tracker.executor import PodHistory, PodPhase, PodStatus, RunRecovery, TaskOrdering
+from simrun_tracker.kubernetes.adapter import KubernetesExecutor
+from simrun_tracker.kubernetes.config import KubernetesSettings
+from simrun_tracker.pods import run_spec
+
+RUN = "20261201-080000-aaaaaa"
+NS = "simrun"
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        server.cluster.bookmark_s = 0.2
+        server.cluster.put("nodes", node("node-a", 8, 32))
+        server.cluster.put("nodes", node("node-b", 8, 32))
+        server.cluster.put("nodes", node("control", 4, 8, labels={"simrun.io/worker": "false"}))
+        yield server
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> StoreLayout:
+    layout = StoreLayout(tmp_path / "store")
+    layout.runs.mkdir(parents=True)
+    return layout
+
+
+class Woken:
+    """Collects the run ids the executor wakes its listener with, and waits for a condition on the port."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+        self.event = threading.Event()
+
+    def __call__(self, run_id: str) -> None:
+        self.runs.append(run_id)
+        self.event.set()
+
+
+@pytest.fixture
+def make(api: FakeApiServer, store: StoreLayout) -> Iterator[Callable[[], KubernetesExecutor]]:
+    made: list[KubernetesExecutor] = []
+
+    def factory() -> KubernetesExecutor:
+        settings = KubernetesSettings(watch_timeout_s=2, backoff_max_s=0.5, request_timeout_s=5)
+        executor = KubernetesExecutor(settings, store, client=api.client())
+        made.append(executor)
+        return executor
+
+    yield factory
+    for executor in made:
+        executor.close()
+
+
+def wait_for(executor: KubernetesExecutor, check: Callable[[dict[str, PodStatus]], bool], timeout: float = 10) -> dict:
+    """Waits until `check` holds for the run's pods by worker name (`scan/w0`), and returns them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pods = {f"{p.spec.task_id}/{p.spec.worker}": p for p in executor.pods(RUN)}
+        if pods and check(pods):
+            return pods
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; pods now: { {k: (v.phase, v.message) for k, v in pods.items()} }")
+        time.sleep(0.02)
+
+
+def submitted(api: FakeApiServer, run_id: str = RUN, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while ("workflows", NS, f"simrun-{run_id}") not in api.cluster.objects:
+        assert time.monotonic() < deadline, "the workflow was never created"
+        time.sleep(0.02)
+
+
+def test_submits_one_workflow_and_follows_a_pod_through_admission(make, api: FakeApiServer) -> None:
+    executor = make()
+    woken = Woken()
+    executor.subscribe(woken)
+    assert executor.ordering is TaskOrdering.ADAPTER
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    pods = wait_for(executor, lambda p: len(p) == 4)
+    assert all(p.phase is PodPhase.PENDING for p in pods.values())
+    argo = ArgoScript(api.cluster)
+    name = argo.create_pod(RUN, "scan-w0", "w0")
+    pods = wait_for(executor, lambda p: p["scan/w0"].message == "waiting for admission by Kueue")
+    argo.admit(name, "node-a")
+    pods = wait_for(executor, lambda p: p["scan/w0"].phase is PodPhase.RUNNING)
+    assert pods["scan/w0"].node == "node-a" and pods["scan/w0"].attempts == 1
+    argo.exit(name, 0)
+    wait_for(executor, lambda p: p["scan/w0"].phase is PodPhase.SUCCEEDED)
+    assert RUN in woken.runs
+    creates = [r for r in api.cluster.requests if r.method == "POST"]
+    assert len(creates) == 1 and creates[0].path.endswith("/namespaces/simrun/workflows")
+    watches = [r for r in api.cluster.requests if r.query.get("watch") == "true" and r.path.endswith("/pods")]
+    assert watches and all(w.query.get("labelSelector") == "simrun.io/run" for w in watches)
+    executor.start_run(scan_run(RUN))  # a run known already is left as it is
+    time.sleep(0.2)
+    assert len([r for r in api.cluster.requests if r.method == "POST"]) == 1
+
+
+def test_preempting_extra_workers_keeps_the_coordinator(make, api: FakeApiServer) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    names = {w: argo.create_pod(RUN, "scan-w0" if w == "w0" else "scan-extra", w) for w in ("w0", "w1", "w2")}
+    for w, name in names.items():
+        argo.admit(name, "node-a" if w != "w2" else "node-b")
+    wait_for(executor, lambda p: all(p[f"scan/{w}"].phase is PodPhase.RUNNING for w in names))
+    # A higher priority's run takes back the extra workers: Kueue marks, stops and deletes them.
+    argo.preempt(names["w1"])
+    argo.preempt(names["w2"], condition="DisruptionTarget")
+    pods = wait_for(executor, lambda p: p["scan/w1"].preemptions == 1 and p["scan/w2"].preemptions == 1)
+    assert pods["scan/w1"].phase is PodPhase.PENDING and pods["scan/w2"].phase is PodPhase.PENDING
+    assert "preempted" in pods["scan/w1"].message
+    assert pods["scan/w0"].phase is PodPhase.RUNNING and pods["scan/w0"].preemptions == 0
+    assert pods["scan/w1"].memory_gb == 4.0  # a preemption is retried with the same memory
+    again = argo.create_pod(RUN, "scan-extra", "w1", attempt=1)
+    argo.admit(again, "node-b")
+    pods = wait_for(executor, lambda p: p["scan/w1"].phase is PodPhase.RUNNING)
+    assert pods["scan/w1"].attempts == 2 and pods["scan/w1"].preemptions == 1
+
+
+def test_a_kill_for_memory_is_retried_at_the_retry_memory_and_a_second_fails_the_task(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    first = argo.create_pod(RUN, "scan-w0", "w0")
+    argo.admit(first, "node-a")
+    argo.exit(first, 137, "OOMKilled")
+    pods = wait_for(executor, lambda p: len(p["scan/w0"].memory_kills) == 1)
+    w0 = pods["scan/w0"]
+    assert w0.phase is PodPhase.PENDING and w0.memory_gb == 6.0
+    assert w0.memory_kills[0].memory_gb == 4.0 and w0.memory_kills[0].evidence == "oomkilled"
+    assert "retried with 6 GiB" in w0.message
+    # Argo's retry takes the pod spec patch's retry branch after exit 137: 1.5 times the memory, request = limit.
+    retry = argo.create_pod(RUN, "scan-w0", "w0", attempt=1, retried_for_memory=True)
+    resources = api.cluster.get("pods", NS, retry)["spec"]["containers"][0]["resources"]
+    assert resources["limits"]["memory"] == resources["requests"]["memory"] == "6Gi"
+    argo.admit(retry, "node-a")
+    argo.exit(retry, 137, "OOMKilled")
+    pods = wait_for(executor, lambda p: p["scan/w0"].phase is PodPhase.FAILED)
+    assert len(pods["scan/w0"].memory_kills) == 2
+    assert pods["scan/w0"].message == "killed for memory twice; the retry had 6 GiB (6 GiB per process)"
+
+
+def test_exit_137_counts_as_a_kill_for_memory_only_with_the_reports_evidence(make, api, store) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    w0 = argo.create_pod(RUN, "scan-w0", "w0")
+    w1 = argo.create_pod(RUN, "scan-extra", "w1")
+    created = api.cluster.get("pods", NS, w1)["metadata"]["creationTimestamp"]
+    from datetime import datetime
+
+    started_ms = int(datetime.fromisoformat(created).timestamp() * 1000) + 500
+    WorkerReport(
+        run_id=RUN,
+        task_id="scan",
+        worker="w1",
+        role="extra",
+        started_ms=started_ms,
+        task_type="m:Scan",
+        processes=2,
+        memory_source="cgroup_v2",
+        peak_memory_gb=3.9,
+        per_process_gb=1.95,
+        oom_kills=1,
+        started_at=utcnow(),
+    ).write(store.run(RUN).task("scan"))
+    for name in (w0, w1):
+        argo.admit(name, "node-a")
+        argo.exit(name, 137)
+    pods = wait_for(executor, lambda p: p["scan/w0"].sigkills == 1 and len(p["scan/w1"].memory_kills) == 1)
+    assert pods["scan/w0"].memory_kills == [] and pods["scan/w0"].phase is PodPhase.PENDING
+    assert pods["scan/w1"].memory_kills[0].evidence == "cgroup"
+
+
+def test_cancel_stops_the_workflow_and_a_refused_workflow_fails_the_run(make, api) -> None:
+    executor = make()
+    api.cluster.fail_next("POST", "/apis/argoproj.io", 503, "etcd is slow")
+    executor.start_run(scan_run(RUN))
+    submitted(api)  # a transient error is retried
+    executor.stop_pods(RUN)
+    deadline = time.monotonic() + 5
+    while not api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"].get("shutdown"):
+        assert time.monotonic() < deadline, "the workflow was not stopped"
+        time.sleep(0.02)
+    assert api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"]["shutdown"] == "Terminate"
+    pods = wait_for(executor, lambda p: all(s.phase is PodPhase.FAILED for s in p.values()))
+    assert {s.message for s in pods.values()} == {"stopped"}
+
+    other = "20261201-080000-bbbbbb"
+    api.cluster.fail_next("POST", "/apis/argoproj.io", 422, 'Workflow.argoproj.io "x" is invalid: spec.templates')
+    executor.start_run(scan_run(other))
+    deadline = time.monotonic() + 5
+    while not all(p.phase is PodPhase.FAILED for p in executor.pods(other)):
+        assert time.monotonic() < deadline, "a refused workflow left its run waiting"
+        time.sleep(0.02)
+    message = executor.pods(other)[0].message
+    assert "is invalid: spec.templates" in message and "422" in message
+
+
+def test_a_bad_run_is_refused_before_anything_is_submitted(make, api) -> None:
+    executor = make()
+    with pytest.raises(FailedPrecondition, match="not named by digest"):
+        executor.start_run(scan_run(RUN, image="registry/simrun:latest"))
+    with pytest.raises(InvalidArgument, match="run id"):
+        executor.start_run(scan_run("Not_A_Label!"))
+    assert not [r for r in api.cluster.requests if r.method == "POST"]
+
+
+def test_nodes_come_from_the_api_and_a_reservation_taints_and_labels_its_node(make, api) -> None:
+    executor = make()
+    nodes = {n.name: n for n in executor.nodes()}
+    assert set(nodes) == {"node-a", "node-b"}  # only simrun's worker nodes
+    assert nodes["node-a"].cores == 7 and nodes["node-a"].allocatable_cores == 8.0  # minus the wait sidecar
+    assert nodes["node-a"].memory_gb == pytest.approx(32 - 0.125)
+    api.cluster.fail_next("PATCH", "/api/v1/nodes/node-a", 409, "the object has been modified")
+    executor.reserve("node-a", RUN)
+    assert {n.name: n.reserved_by for n in executor.nodes()}["node-a"] == RUN  # at once, from its own state
+    with pytest.raises(FailedPrecondition, match="reserved by run"):
+        executor.reserve("node-a", "20261201-080000-bbbbbb")
+    with pytest.raises(NotFound):
+        executor.reserve("node-z", RUN)
+    deadline = time.monotonic() + 5
+    while "simrun/reserved" not in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    obj = api.cluster.get("nodes", "", "node-a")
+    assert obj["metadata"]["labels"]["simrun/reserved"] == RUN
+    assert obj["spec"]["taints"] == [{"key": "simrun/reserved", "value": RUN, "effect": "NoExecute"}]
+    executor.release(RUN)
+    while "simrun/reserved" in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert api.cluster.get("nodes", "", "node-a")["spec"]["taints"] == []
+    deadline = time.monotonic() + 5
+    while {n.name: n.reserved_by for n in executor.nodes()}["node-a"] is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_nodes_are_unavailable_until_the_api_answers_then_listed(api, store) -> None:
+    api.cluster.fail_next("GET", "/api/v1/nodes", 503, "starting", times=1000)
+    settings = KubernetesSettings(backoff_max_s=0.2)
+    executor = KubernetesExecutor(settings, store, client=api.client(), sync_timeout_s=0.5)
+    try:
+        with pytest.raises(Unavailable, match="not listed yet"):
+            executor.nodes()
+        with api.cluster.cond:
+            api.cluster.faults.clear()  # the API server is up: the informer, backing off, lists at its next try
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert {n.name for n in executor.nodes()} == {"node-a", "node-b"}
+                break
+            except Unavailable:
+                assert time.monotonic() < deadline, "the informer never listed the nodes"
+                time.sleep(0.05)
+    finally:
+        executor.close()
+
+
+def test_a_restarted_tracker_rebuilds_its_view_from_the_api_and_stops_nothing(make, api) -> None:
+    first = make()
+    run = scan_run(RUN, reservation="node-b")
+    first.reserve("node-b", RUN)
+    first.start_run(run)
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    w0 = argo.create_pod(RUN, "scan-w0", "w0")
+    argo.admit(w0, "node-b")
+    argo.exit(w0, 137, "OOMKilled")
+    w0_retry = argo.create_pod(RUN, "scan-w0", "w0", attempt=1, retried_for_memory=True)
+    argo.admit(w0_retry, "node-b")
+    w1 = argo.create_pod(RUN, "scan-extra", "w1")
+    argo.admit(w1, "node-b")
+    before = wait_for(first, lambda p: p["scan/w0"].phase is PodPhase.RUNNING and p["scan/w1"].attempts == 1)
+    first.close()
+    requests = len(api.cluster.requests)
+
+    second = make()
+    kills = before["scan/w0"].memory_kills
+    second.restore(RunRecovery(RUN, "node-b", [PodHistory("scan", "w0", kills, attempts=2)]))
+    second.start_run(run)
+    after = wait_for(
+        second, lambda p: p["scan/w0"].phase is PodPhase.RUNNING and p["scan/w1"].phase is PodPhase.RUNNING
+    )
+    assert len(after["scan/w0"].memory_kills) == 1 and after["scan/w0"].memory_gb == 6.0
+    assert after["scan/w0"].attempts == 2 and after["scan/w0"].node == "node-b"
+    time.sleep(0.3)
+    changes = [r for r in api.cluster.requests[requests:] if r.method in ("PATCH", "DELETE")]
+    assert changes == []  # nothing stopped, and the reservation is already on the node
+    assert {n.name: n.reserved_by for n in second.nodes()}["node-b"] == RUN
+    # The second kill after the restart still fails the task: the kill before it is remembered.
+    argo.exit(w0_retry, 137, "OOMKilled")
+    failed = wait_for(second, lambda p: p["scan/w0"].phase is PodPhase.FAILED)
+    assert "killed for memory twice" in failed["scan/w0"].message
+
+
+def test_a_restart_sees_attempts_of_deleted_pods_in_the_workflow_status(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    nodes = {
+        "n1": {
+            "id": "n1",
+            "name": f"simrun-{RUN}.scan-w0(0)",
+            "type": "Pod",
+            "templateName": "scan-w0",
+            "phase": "Failed",
+            "message": "OOMKilled (exit code 137)",
+            "outputs": {"exitCode": "137"},
+            "startedAt": "2026-12-01T08:00:01Z",
+        },
+        "n2": {
+            "id": "n2",
+            "name": f"simrun-{RUN}.scan-extra(0:1)(0)",
+            "type": "Pod",
+            "templateName": "scan-extra",
+            "inputs": {"parameters": [{"name": "worker", "value": "w1"}]},
+            "phase": "Failed",
+            "message": "pod deleted",
+            "outputs": {"exitCode": "143"},
+            "startedAt": "2026-12-01T08:00:02Z",
+        },
+    }
+    api.cluster.modify(
+        "workflows", NS, f"simrun-{RUN}", lambda wf: wf.update(status={"phase": "Running", "nodes": nodes})
+    )
+    pods = wait_for(executor, lambda p: len(p["scan/w0"].memory_kills) == 1)
+    assert pods["scan/w0"].phase is PodPhase.PENDING and pods["scan/w0"].memory_gb == 6.0
+    assert pods["scan/w1"].preemptions == 1 and pods["scan/w1"].phase is PodPhase.PENDING
+
+
+def test_a_failed_workflow_fails_the_pods_that_never_ran(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    api.cluster.modify(
+        "workflows",
+        NS,
+        f"simrun-{RUN}",
+        lambda wf: wf.update(status={"phase": "Error", "message": 'pods "x" is forbidden: exceeded quota'}),
+    )
+    pods = wait_for(executor, lambda p: p["plot/w0"].phase is PodPhase.FAILED)
+    assert "exceeded quota" in pods["plot/w0"].message
+
+
+def test_the_informers_list_again_after_a_410(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    pods_informer = next(i for i in executor._informers if i.kind == "pods")
+    lists = pods_informer.relists
+    api.cluster.compact()
+    argo = ArgoScript(api.cluster)
+    name = argo.create_pod(RUN, "scan-w0", "w0")
+    argo.admit(name, "node-a")
+    wait_for(executor, lambda p: p["scan/w0"].phase is PodPhase.RUNNING)
+    deadline = time.monotonic() + 5
+    while pods_informer.relists == lists:
+        assert time.monotonic() < deadline, "no re-list after 410"
+        time.sleep(0.02)
+
+
+def test_logs_stream_live_and_are_archived_in_the_store_once_the_pod_ended(make, api, store) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    name = argo.create_pod(RUN, "plot-w0", "w0")
+    argo.admit(name, "node-a")
+    argo.write_log(name, b"starting\n")
+    wait_for(executor, lambda p: p["plot/w0"].phase is PodPhase.RUNNING)
+    lines: list[tuple[str, str]] = []
+    follower = threading.Thread(target=lambda: lines.extend(executor.logs(RUN, "plot", "w0", follow=True)))
+    follower.start()
+    time.sleep(0.3)
+    argo.write_log(name, b"half\n")
+    time.sleep(0.3)
+    argo.exit(name, 0, log=b"done\n")
+    follower.join(timeout=10)
+    assert not follower.is_alive()
+    assert "".join(text for _, text in lines) == "starting\nhalf\ndone\n"
+    assert {n for n, _ in lines} == {"w0.1.log"}
+    archive = store.run(RUN).task("plot").logs / "w0.1.log"
+    deadline = time.monotonic() + 5
+    while not archive.exists():
+        assert time.monotonic() < deadline, "the log was not archived"
+        time.sleep(0.02)
+    assert archive.read_text() == "starting\nhalf\ndone\n"
+    assert list(executor.logs(RUN, "plot", "", follow=False)) == [("w0.1.log", "starting\nhalf\ndone\n")]
+    # Argo collects the pods once the Workflow succeeds: the archive still answers; a retry is the next attempt.
+    api.cluster.delete("pods", NS, name)
+    again = argo.create_pod(RUN, "plot-w0", "w0", attempt=1)
+    argo.admit(again, "node-b")
+    argo.exit(again, 0, log=b"second\n")
+    second = store.run(RUN).task("plot").logs / "w0.2.log"
+    deadline = time.monotonic() + 5
+    while not second.exists():
+        assert time.monotonic() < deadline, "the retry's log was not archived"
+        time.sleep(0.02)
+    api.cluster.delete("pods", NS, again)
+    deadline = time.monotonic() + 5
+    while executor._task_pods(RUN, "plot", "w0"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert list(executor.logs(RUN, "plot", "w0", follow=False)) == [
+        ("w0.1.log", "starting\nhalf\ndone\n"),
+        ("w0.2.log", "second\n"),
+    ]
+    with pytest.raises(InvalidArgument, match="no worker"):
+        list(executor.logs(RUN, "plot", "../x", follow=False))
+
+
+def test_after_a_restart_the_record_and_the_workflow_suffice_to_follow_a_run(make, api, store) -> None:
+    record = planned_record(RUN)
+    record.save(store.run(RUN))
+    first = make()
+    first.start_run(run_spec(record, "env-1", 30.0, IMAGE))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    w0 = argo.create_pod(RUN, "scan-w0", "w0")
+    argo.admit(w0, "node-a")
+    wait_for(first, lambda p: p["scan/w0"].phase is PodPhase.RUNNING)
+    first.close()
+
+    second = make()
+    second.restore(RunRecovery(RUN, None, [PodHistory("scan", "w0", [], attempts=1)]))
+    pods = wait_for(second, lambda p: p["scan/w0"].phase is PodPhase.RUNNING)  # no start_run: adopted
+    assert set(pods) == {"scan/w0", "scan/w1", "scan/w2", "plot/w0"}
+    assert pods["scan/w0"].spec.image == IMAGE and pods["scan/w0"].spec.grace_s == 30.0
+    assert len([r for r in api.cluster.requests if r.method == "POST"]) == 1
+
+
+def test_the_server_config_chooses_the_kubernetes_executor(api, store, tmp_path) -> None:
+    from simrun_core.config import ServerConfig
+    from simrun_tracker.kubernetes import kubernetes_executor
+    from simrun_tracker.ports import ServerEnvironments
+    from simrun_tracker.server import build_executor
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": "tracker", "user": {"token": "t"}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tracker"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    config = ServerConfig.model_validate(
+        {"executor": {"kind": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig), "namespace": "simrun"}}}
+    )
+    executor = build_executor(config, store, ServerEnvironments())
+    try:
+        assert isinstance(executor, KubernetesExecutor)
+        assert {n.name for n in executor.nodes()} == {"node-a", "node-b"}
+    finally:
+        executor.close()
+    with pytest.raises(InvalidArgument, match="namespce"):
+        kubernetes_executor({"namespce": "x"}, store, 30.0)
+
+
+def test_a_run_recorded_queued_whose_workflow_was_never_created_is_submitted_after_a_restart(make, api, store) -> None:
+    record = planned_record(RUN)
+    record.save(store.run(RUN))
+    settings = KubernetesSettings(default_image=IMAGE, watch_timeout_s=2, backoff_max_s=0.5)
+    executor = KubernetesExecutor(settings, store, client=api.client())
+    try:
+        executor.restore(RunRecovery(RUN, None, []))
+        submitted(api)  # the tracker stopped between recording the run and creating its Workflow
+        pods = wait_for(executor, lambda p: len(p) == 4)
+        assert all(p.phase is PodPhase.PENDING for p in pods.values())
+    finally:
+        executor.close()
+    other = planned_record("20261201-080000-cccccc")
+    other.save(store.run(other.run_id))
+    bare = make()  # no default image: the run cannot be made again, and says so instead of waiting forever
+    bare.restore(RunRecovery(other.run_id, None, []))
+    statuses = bare.pods(other.run_id)
+    assert statuses and all(s.phase is PodPhase.FAILED and "default_image" in s.message for s in statuses)
