@@ -30,9 +30,9 @@ from simrun.v1 import tracker_pb2, tracker_pb2_grpc
 from simrun_client.snapshots import upload_snapshot
 from simrun_core.config import NodeConfig, ServerConfig
 from simrun_core.rpc.channel import open_channel
+from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_core.telemetry import Telemetry
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
-from simrun_snapshot.convert import snapshot_to_proto
 
 MODEL = Path(__file__).resolve().parents[1] / "tests" / "e2e_model"
 TOKEN = "bench-token"

@@ -244,7 +244,7 @@ class Client:
             store: the run store when it is mounted here.
             rerun: tasks to compute again.
         """
-        from simrun_snapshot.convert import snapshot_to_proto
+        from simrun_core.snapshots.convert import snapshot_to_proto
 
         with self.telemetry.span("simrun_client.resume", attributes={"simrun.resume_from": run_id}) as span:
             earlier = self.get_run(run_id)
