@@ -79,6 +79,7 @@ class Hog(SplitTaskType):
 
 class SumSettings(TaskSettings):
     fail: bool = False
+    offset: int = 0
 
 
 class Sum(UnsplitTaskType):
@@ -92,5 +93,6 @@ class Sum(UnsplitTaskType):
         if settings.fail:
             raise SystemExit(3)
         values = json.loads((context.inputs["values"] / "values.json").read_text())
-        (context.outputs["total"] / "total.json").write_text(json.dumps(sum(values)))
-        return {"total": sum(values)}
+        total = sum(values) + settings.offset
+        (context.outputs["total"] / "total.json").write_text(json.dumps(total))
+        return {"total": total}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,24 @@ single_server_option = click.option(
 )
 
 
+def reuse_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--reuse, --resume-from and --rerun: where earlier results with the same task keys may come from."""
+    for option in reversed(
+        (
+            click.option(
+                "--reuse",
+                type=click.Choice(["never", "same-run", "any"]),
+                help="Reuse earlier results with the same task key: never, only from --resume-from (same-run), "
+                "or from any run you may read (any, the default).",
+            ),
+            click.option("--resume-from", metavar="RUN", help="Reuse this run's results first."),
+            click.option("--rerun", metavar="TASK", multiple=True, help="Compute TASK again (repeatable)."),
+        )
+    ):
+        command = option(command)
+    return command
+
+
 @cli.command()
 @workflow_argument
 @click.option("--group", help="The run's group, e.g. a study; default: the workflow's, else `default`.")
@@ -87,6 +105,7 @@ single_server_option = click.option(
     help="An id you pick for this submission: retrying with the same id returns the first run, not a new one.",
 )
 @click.option("--watch", is_flag=True, help="Follow the run with a progress bar per task until it ends.")
+@reuse_options
 @json_option
 @with_client
 def submit(
@@ -98,10 +117,17 @@ def submit(
     store: Path | None,
     request_id: str | None,
     watch: bool,
+    reuse: str | None,
+    resume_from: str | None,
+    rerun: tuple[str, ...],
     as_json: bool,
     client: Client,
 ) -> None:
-    """Submit WORKFLOW, run on a snapshot of its git working tree (uncommitted changes included)."""
+    """Submit WORKFLOW, run on a snapshot of its git working tree (uncommitted changes included).
+
+    A task whose key (type, settings, snapshots, environment and upstream keys) an earlier run you may read
+    computed already is not computed again: its outputs are hard links of the earlier ones.
+    """
     model = model or default_model(workflow)
     run = client.submit(
         workflow,
@@ -110,11 +136,54 @@ def submit(
         single_server=single_server,
         reserve=reserve,
         store=store,
+        reuse=reuse,
+        resume_from=resume_from,
+        rerun=rerun,
         request_id=request_id,
     )
     out = render.console()
     if not as_json:
         out.print(f"submitted run [bold]{run.run_id}[/bold] (group {run.group or 'default'})")
+    if watch:
+        _follow(client, run.run_id, out, as_json)
+    elif as_json:
+        render.echo_json(run)
+    else:
+        out.print(f"follow it with `simrun status {run.run_id} --watch`")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=Path("."),
+    show_default="the current folder's git working tree",
+    help="The model's working tree, snapshotted again.",
+)
+@store_option
+@click.option("--rerun", metavar="TASK", multiple=True, help="Compute TASK again (repeatable).")
+@click.option("--watch", is_flag=True, help="Follow the run with a progress bar per task until it ends.")
+@json_option
+@with_client
+def resume(
+    run_id: str,
+    model: Path,
+    store: Path | None,
+    rerun: tuple[str, ...],
+    watch: bool,
+    as_json: bool,
+    client: Client,
+) -> None:
+    """Run RUN's workflow again on a fresh snapshot of the model, reusing what RUN (and your other runs) computed.
+
+    After a failure or a cancellation only the missing tasks, and of a split task the missing units, are computed;
+    an edited file changes the keys of the tasks it may affect, which are computed again.
+    """
+    run = client.resume(run_id, model=model, store=store, rerun=rerun)
+    out = render.console()
+    if not as_json:
+        out.print(f"submitted run [bold]{run.run_id}[/bold], resuming {run_id}")
     if watch:
         _follow(client, run.run_id, out, as_json)
     elif as_json:
@@ -187,13 +256,30 @@ def compare(run_ids: tuple[str, ...], group: str | None, as_json: bool, client: 
 @single_server_option
 @model_option
 @store_option
+@reuse_options
 @json_option
 @with_client
 def estimate(
-    workflow: Path, single_server: bool, model: Path | None, store: Path | None, as_json: bool, client: Client
+    workflow: Path,
+    single_server: bool,
+    model: Path | None,
+    store: Path | None,
+    reuse: str | None,
+    resume_from: str | None,
+    rerun: tuple[str, ...],
+    as_json: bool,
+    client: Client,
 ) -> None:
-    """Plan WORKFLOW without running it: each task's pods, resources and, once learned, seconds."""
-    result = client.estimate(workflow, model=model or default_model(workflow), single_server=single_server, store=store)
+    """Plan WORKFLOW without running it: each task's pods, resources, once learned seconds, and what it reuses."""
+    result = client.estimate(
+        workflow,
+        model=model or default_model(workflow),
+        single_server=single_server,
+        store=store,
+        reuse=reuse,
+        resume_from=resume_from,
+        rerun=rerun,
+    )
     if as_json:
         render.echo_json(result)
     else:

@@ -13,6 +13,9 @@ DEFAULT_ENDPOINT = "127.0.0.1:50551"
 """`simrun_core.config.DEFAULT_ENDPOINT`, written out so that parsing options imports no pydantic (a test keeps
 them equal)."""
 
+SERVICE_NAME = "simrun-cli"
+"""The CLI's OpenTelemetry service name, unless `OTEL_SERVICE_NAME` names it."""
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 endpoint_option = click.option(
@@ -76,7 +79,11 @@ def check_token(token: str | None) -> None:
 
 
 def with_client(command: F) -> F:
-    """Adds --endpoint, --token and the TLS options and passes the command a connected `client`, closed afterwards."""
+    """Adds --endpoint, --token and the TLS options and passes the command a connected `client`, closed afterwards.
+
+    The command runs in a span of its own (`simrun <command>`), above the spans of its calls, when the
+    OpenTelemetry variables configure an exporter; its spans are flushed before the command returns.
+    """
 
     @endpoint_option
     @token_option
@@ -94,9 +101,20 @@ def with_client(command: F) -> F:
         **kwargs: Any,
     ) -> Any:
         from simrun_client.client import Client
+        from simrun_core.telemetry import process_telemetry
 
         check_token(token)
-        with Client(endpoint, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as client:
-            return command(*args, client=client, **kwargs)
+        telemetry = process_telemetry(SERVICE_NAME)
+        name = click.get_current_context().command_path
+        try:
+            with (
+                telemetry.span(name),
+                Client(
+                    endpoint, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, telemetry=telemetry
+                ) as client,
+            ):
+                return command(*args, client=client, **kwargs)
+        finally:
+            telemetry.flush()
 
     return wrapper  # type: ignore[return-value]

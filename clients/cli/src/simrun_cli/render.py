@@ -119,6 +119,8 @@ def run_header(run: common_pb2.Run) -> Group:
         lines.append(Text(f"environment {run.environment}"))
     if run.reservation:
         lines.append(Text(f"reserves node {run.reservation}"))
+    if run.trace_id:
+        lines.append(Text(f"trace {run.trace_id}", style="dim"))
     if run.message:
         lines.append(Text(run.message, style="red" if run.state == common_pb2.RUN_STATE_FAILED else "yellow"))
     return Group(*lines)
@@ -150,7 +152,11 @@ def tasks_table(run: common_pb2.Run) -> Table:
 
 def task_messages(run: common_pb2.Run) -> Iterator[Text]:
     for task in run.tasks:
-        if task.message:
+        if task.HasField("reused_from"):
+            source = task.reused_from
+            what = f"{source.units} units" if source.HasField("units") else "outputs"
+            yield Text(f"{task.task_id}: {what} reused from run {source.run_id} task {source.task_id}", style="green")
+        elif task.message:
             yield Text(f"{task.task_id}: {task.message}", style="red")
 
 
@@ -226,6 +232,7 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
         ("priority", "left"),
         ("memory from", "left"),
         ("compute seconds", "right"),  # its units' learned seconds over its processes; `unknown` until learned
+        ("reused from", "left"),
     ):
         table.add_column(name, justify=justify, no_wrap=name == "task")  # type: ignore[arg-type]
     for task in estimate.tasks:
@@ -239,8 +246,14 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
             task.plan.base_priority.removeprefix("simrun-"),
             common_pb2.ResolutionRule.Name(task.resources.rule).removeprefix("RESOLUTION_RULE_").lower(),
             _seconds(task.seconds) if task.HasField("seconds") else "unknown",
+            _reused(task.reused_from) if task.HasField("reused_from") else "",
         )
     return table
+
+
+def _reused(source: common_pb2.ReusedFrom) -> str:
+    units = f"{source.units} units of " if source.HasField("units") else ""
+    return f"{units}{source.run_id} {source.task_id}"
 
 
 def _seconds(seconds: float) -> str:

@@ -4,56 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from simrun_core.errors import InvalidArgument
+from simrun_core.rpc import channel as rpc_channel
 from simrun_core.rpc.errors import to_domain_error
+from simrun_core.telemetry import Telemetry, process_telemetry
 
 R = TypeVar("R")
 
 # Uploads stream chunks of about 1 MiB; leave room for a header listing many files.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-
-class _CallDetails(NamedTuple):
-    method: str
-    timeout: float | None
-    metadata: Any
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
-class _BearerToken(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """Adds `authorization: Bearer <token>` to every call."""
-
-    def __init__(self, token: str) -> None:
-        # As `simrun_core.rpc.auth.bearer_metadata` says it; not imported from there, which loads pydantic.
-        self._metadata = (("authorization", f"Bearer {token}"),)
-
-    def _details(self, details: Any) -> _CallDetails:
-        metadata = [*(details.metadata or ()), *self._metadata]
-        return _CallDetails(
-            details.method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression
-        )
-
-    def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_unary_stream(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
-        return continuation(self._details(client_call_details), request)
-
-    def intercept_stream_unary(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(client_call_details), request_iterator)
-
-    def intercept_stream_stream(self, continuation: Any, client_call_details: Any, request_iterator: Any) -> Any:
-        return continuation(self._details(client_call_details), request_iterator)
+SERVICE_NAME = "simrun-client"
+"""The client's OpenTelemetry service name, unless `OTEL_SERVICE_NAME` names it."""
 
 
 def open_channel(
@@ -63,8 +27,10 @@ def open_channel(
     tls_ca: Path | None = None,
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
+    telemetry: Telemetry | None = None,
 ) -> grpc.Channel:
-    """A channel to `host:port` that sends `token` as a bearer token on every call, if given.
+    """A channel to `host:port` that sends `token` as a bearer token on every call, if given, and traces its calls
+    (with the client's own telemetry from the OpenTelemetry variables unless `telemetry` is given).
 
     With `tls_ca` the channel is TLS and verifies the server against that CA bundle (with `tls_cert` and
     `tls_key` it also presents a client certificate, for a server that asks for mutual TLS); without, plaintext,
@@ -74,14 +40,14 @@ def open_channel(
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
-    if tls_ca is not None:
-        credentials = channel_credentials(tls_ca, tls_cert, tls_key)
-        channel = grpc.secure_channel(endpoint, credentials, options=options)
-    else:
-        channel = grpc.insecure_channel(endpoint, options=options)
-    if token:
-        channel = grpc.intercept_channel(channel, _BearerToken(token))
-    return channel
+    credentials = channel_credentials(tls_ca, tls_cert, tls_key) if tls_ca is not None else None
+    return rpc_channel.open_channel(
+        endpoint,
+        token=token,
+        options=options,
+        telemetry=telemetry or process_telemetry(SERVICE_NAME),
+        credentials=credentials,
+    )
 
 
 def channel_credentials(ca: Path, cert: Path | None = None, key: Path | None = None) -> grpc.ChannelCredentials:

@@ -23,8 +23,9 @@ from simrun.v1 import (
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
 from simrun_core.home import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.rpc.errors import to_domain_error
+from simrun_core.telemetry import Telemetry, process_telemetry
 
-from simrun_client.channel import open_channel
+from simrun_client.channel import SERVICE_NAME, open_channel
 
 if TYPE_CHECKING:
     from simrun_client.snapshots import SnapshotResult
@@ -50,6 +51,17 @@ def run_state(name: str | int) -> common_pb2.RunState.ValueType:
     except ValueError:
         names = ", ".join(n.removeprefix("RUN_STATE_").lower() for n in common_pb2.RunState.keys()[1:])
         raise InvalidArgument(f"unknown run state {name!r}; one of {names}") from None
+
+
+def reuse_policy(name: str | None) -> common_pb2.ReusePolicy.ValueType:
+    """A `ReusePolicy` value from `never`, `same-run` or `any` (None or empty: the default, any)."""
+    if not name:
+        return common_pb2.REUSE_POLICY_UNSPECIFIED
+    full = "REUSE_POLICY_" + name.strip().upper().replace("-", "_")
+    try:
+        return common_pb2.ReusePolicy.Value(full)
+    except ValueError:
+        raise InvalidArgument(f"unknown reuse {name!r}: use never, same-run or any") from None
 
 
 def git_toplevel(path: Path) -> Path:
@@ -90,6 +102,8 @@ class Client:
         tls_ca: a CA bundle (PEM): connect with TLS and verify the gateway against it; None for
             `$SIMRUN_TLS_CA`, else plaintext.
         tls_cert, tls_key: a client certificate and its key, for a gateway that asks for mutual TLS.
+        telemetry: where the client's spans go; by default the client's own, from the OpenTelemetry variables
+            (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_EXPORTER`; service name `simrun-client`).
     """
 
     def __init__(
@@ -101,13 +115,17 @@ class Client:
         tls_ca: Path | None = None,
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         self.token = client_token(token)
         self.timeout_s = timeout_s
         tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
+        self.telemetry = telemetry or process_telemetry(SERVICE_NAME)
         # The channel sends the token as `authorization: Bearer …` on every call, uploads included.
-        self._channel = open_channel(self.endpoint, self.token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self._channel = open_channel(
+            self.endpoint, self.token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, telemetry=self.telemetry
+        )
         self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
 
@@ -161,6 +179,9 @@ class Client:
         single_server: bool = False,
         reserve: str | None = None,
         store: str | Path | None = None,
+        reuse: str | None = None,
+        resume_from: str | None = None,
+        rerun: list[str] | tuple[str, ...] = (),
         request_id: str | None = None,
     ) -> common_pb2.Run:
         """Submits a workflow file, run on a snapshot of its model, and returns the run as recorded (SUBMITTING).
@@ -173,19 +194,30 @@ class Client:
             reserve: a node to reserve for the run; None for the workflow's or none.
             store: the run store when it is mounted on this machine: the snapshot is written there directly
                 instead of being uploaded.
+            reuse: where earlier results may be reused from: `never`, `same-run` (only `resume_from`) or `any`
+                (the default: any run this identity may read).
+            resume_from: a run whose results are reused first.
+            rerun: tasks to compute again even where an earlier result has their key.
             request_id: an id you pick for this submission, so retrying it is safe: a submission with a request
                 id your identity used before returns that first run instead of starting another.
         """
-        text, snapshots = self._prepare(workflow_path, model, store)
-        request = tracker_pb2.SubmitRunRequest(
-            workflow=text,
-            snapshots=snapshots,
-            group=group or "",
-            mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
-            reserve=reserve or "",
-            request_id=request_id or "",
-        )
-        return self._call(self._tracker.SubmitRun, request).run
+        # One span over the snapshot and the submission, so both calls sit in one trace under the client's.
+        with self.telemetry.span("simrun_client.submit", attributes={"simrun.workflow": str(workflow_path)}) as span:
+            text, snapshots = self._prepare(workflow_path, model, store)
+            request = tracker_pb2.SubmitRunRequest(
+                workflow=text,
+                snapshots=snapshots,
+                group=group or "",
+                mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
+                reserve=reserve or "",
+                reuse=reuse_policy(reuse),
+                resume_from_run_id=resume_from or "",
+                rerun=list(rerun),
+                request_id=request_id or "",
+            )
+            run = self._call(self._tracker.SubmitRun, request).run
+            span.set_attribute("simrun.run_id", run.run_id)
+            return run
 
     def estimate(
         self,
@@ -194,15 +226,62 @@ class Client:
         model: str | Path | None = None,
         single_server: bool = False,
         store: str | Path | None = None,
+        reuse: str | None = None,
+        resume_from: str | None = None,
+        rerun: list[str] | tuple[str, ...] = (),
     ) -> tracker_pb2.EstimateRunResponse:
-        """Plans a workflow file without running it: each task's plan, resources and, once learned, seconds."""
-        text, snapshots = self._prepare(workflow_path, model, store)
-        request = tracker_pb2.EstimateRunRequest(
-            workflow=text,
-            snapshots=snapshots,
-            mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
-        )
-        return self._call(self._tracker.EstimateRun, request)
+        """Plans a workflow file without running it: each task's plan, resources, once learned seconds, and the
+        earlier task it would reuse (`reuse`, `resume_from` and `rerun` as in `submit`)."""
+        with self.telemetry.span("simrun_client.estimate", attributes={"simrun.workflow": str(workflow_path)}):
+            text, snapshots = self._prepare(workflow_path, model, store)
+            request = tracker_pb2.EstimateRunRequest(
+                workflow=text,
+                snapshots=snapshots,
+                mode=common_pb2.SPLIT_MODE_SINGLE_SERVER if single_server else common_pb2.SPLIT_MODE_UNSPECIFIED,
+                reuse=reuse_policy(reuse),
+                resume_from_run_id=resume_from or "",
+                rerun=list(rerun),
+            )
+            return self._call(self._tracker.EstimateRun, request)
+
+    def resume(
+        self,
+        run_id: str,
+        *,
+        model: str | Path,
+        store: str | Path | None = None,
+        rerun: list[str] | tuple[str, ...] = (),
+    ) -> common_pb2.Run:
+        """Snapshots the model's working tree again and submits the workflow `run_id` recorded, reusing what that
+        run computed (and what others this identity may read): after a failure or a cancellation only the
+        missing tasks and units are computed; an edited file gives new keys, so nothing it touches is reused.
+
+        Args:
+            run_id: the run to resume.
+            model: the model's working tree (the snapshot is made afresh from it).
+            store: the run store when it is mounted here.
+            rerun: tasks to compute again.
+        """
+        from simrun_core.snapshots.convert import snapshot_to_proto
+
+        with self.telemetry.span("simrun_client.resume", attributes={"simrun.resume_from": run_id}) as span:
+            earlier = self.get_run(run_id)
+            root = Path(model)
+            if not root.is_dir():
+                raise InvalidArgument(f"cannot resume from {root}: not a folder")
+            snapshot = snapshot_to_proto(self.snapshot(git_toplevel(root.resolve()), store=store).snapshot)
+            extra = list(earlier.snapshots[1:])  # data snapshots are reused as recorded
+            request = tracker_pb2.SubmitRunRequest(
+                workflow=earlier.workflow,
+                snapshots=[snapshot, *extra],
+                group=earlier.group,
+                reserve=earlier.reservation,
+                resume_from_run_id=run_id,
+                rerun=list(rerun),
+            )
+            run = self._call(self._tracker.SubmitRun, request).run
+            span.set_attribute("simrun.run_id", run.run_id)
+            return run
 
     def get_run(self, run_id: str) -> common_pb2.Run:
         """The run `run_id` now."""

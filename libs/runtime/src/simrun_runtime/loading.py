@@ -87,6 +87,7 @@ class TypeDescription(BaseModel):
     outputs: list[str]
     resources: ResourceHint
     cost_setting: str | None
+    cacheable: bool = Field(default=True, description="Whether its tasks may be reused from earlier runs.")
     settings_schema: dict[str, Any] = Field(description="The JSON schema of the type's Settings.")
     command: list[str] | None = Field(default=None, description="The command of an unsplit type, if it has one.")
     doc: str = ""
@@ -120,6 +121,7 @@ def describe_type(
         outputs=list(cls.outputs),
         resources=cls.resources,
         cost_setting=cls.cost_setting,
+        cacheable=bool(getattr(cls, "cacheable", True)),
         settings_schema=cls.Settings.model_json_schema(),
         command=list(task_type.command) if isinstance(task_type, UnsplitTaskType) and task_type.command else None,
         doc=(cls.__doc__ or "").strip(),

@@ -55,7 +55,8 @@ class PodEnv:
     directory, or `self` for the process's own cgroup; unset, the process tree is measured. SIMRUN_SCRATCH: a
     directory on the local disk for scratch files (default the system's temporary directory).
     SIMRUN_UNIT_TIMEOUT_S: the workflow's time limit of one unit of the task, seconds (unset: the type's own,
-    else `DEFAULT_UNIT_TIMEOUT_S`).
+    else `DEFAULT_UNIT_TIMEOUT_S`). TRACEPARENT: the W3C trace
+    context of the task (optional), copied into the pod's report so its span joins the run's trace.
     """
 
     run_dir: Path
@@ -67,6 +68,7 @@ class PodEnv:
     provenance: Path | None = None
     cgroup: str | None = None
     scratch: Path | None = None
+    traceparent: str | None = None
     unit_timeout_s: float | None = None
 
     @classmethod
@@ -106,6 +108,7 @@ class PodEnv:
             provenance=Path(provenance) if provenance else None,
             cgroup=environ.get("SIMRUN_CGROUP", "").strip() or None,
             scratch=Path(scratch) if scratch else None,
+            traceparent=environ.get("TRACEPARENT", "").strip() or None,
             unit_timeout_s=unit_timeout_s,
         )
 
@@ -289,6 +292,7 @@ class ReportKeeper:
             peak_memory_gb=0.0,
             per_process_gb=0.0,
             started_at=now,
+            traceparent=env.traceparent,
         )
         keeper = cls(setup.task, report, MemorySampler(probe).start(), probe.oom_kills())
         keeper.write()

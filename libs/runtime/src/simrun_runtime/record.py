@@ -87,6 +87,14 @@ class OomKill(BaseModel):
     at: datetime = Field(default_factory=utcnow)
 
 
+class ReusedFrom(BaseModel):
+    """The earlier task whose outputs a reused task hard-links, or whose done units seeded its ledger."""
+
+    run_id: str
+    task_id: str
+    units: int | None = Field(default=None, description="Done units seeded into the ledger; None: the whole output.")
+
+
 class TaskRecord(BaseModel):
     """A task of the run as recorded: its type, inputs, plan and state."""
 
@@ -105,6 +113,9 @@ class TaskRecord(BaseModel):
     message: str = ""
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    key: str | None = Field(default=None, description="The task key (sha256 hex): equal keys give equal results.")
+    reused_from: ReusedFrom | None = None
+    traceparent: str | None = Field(default=None, description="The task's span, its pods' TRACEPARENT.")
 
 
 class RunRecord(BaseModel):
@@ -122,6 +133,10 @@ class RunRecord(BaseModel):
     reservation: str | None = Field(default=None, description="The node the run reserves.")
     oom_kills: list[OomKill] = Field(default_factory=list)
     cancel_requested: bool = False
+    traceparent: str | None = Field(default=None, description="The submission's W3C trace context.")
+    reuse: str = Field(default="any", description="never, same-run or any: where earlier results may come from.")
+    resume_from: str | None = Field(default=None, description="The run this one resumes: reuse is tried there first.")
+    rerun: list[str] = Field(default_factory=list, description="Tasks computed again even if their key is known.")
     message: str = ""
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)

@@ -178,6 +178,7 @@ class WorkerReport(BaseModel):
     message: str = ""
     started_at: datetime
     ended_at: datetime | None = None
+    traceparent: str | None = Field(default=None, description="The pod's TRACEPARENT: its span's parent in the trace.")
 
     def path(self, task: TaskLayout) -> Path:
         return report_path(task, self.worker, self.started_ms)

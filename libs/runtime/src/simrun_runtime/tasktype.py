@@ -190,6 +190,8 @@ class TaskType:
         outputs: the names of the output ports; port `p` is the directory `tasks/<task>/out/p`.
         resources: the resource hint used until observations of the type are learned.
         cost_setting: the name of the setting whose value decides the resources (part of the learner's key).
+        cacheable: False for a type whose results are not a function of its settings, inputs, code and
+            environment (it reads the clock, the network, …): its tasks are never reused from earlier runs.
     """
 
     Settings: ClassVar[type[BaseModel]]
@@ -197,6 +199,7 @@ class TaskType:
     outputs: ClassVar[tuple[str, ...]] = ()
     resources: ClassVar[ResourceHint] = ResourceHint()
     cost_setting: ClassVar[str | None] = None
+    cacheable: ClassVar[bool] = True
 
     @property
     def split(self) -> bool:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +23,8 @@ from simrun_core.errors import FailedPrecondition
 from simrun_core.homelock import HomeLock
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server, check_transport
+from simrun_core.rpc.serving import serve as serve_until_stopped
+from simrun_core.telemetry import Telemetry, process_telemetry
 from simrun_envbuilder.builder import EnvironmentBuilder
 from simrun_envbuilder.convert import settings_from_config
 from simrun_envbuilder.server import register as register_environments
@@ -42,6 +42,10 @@ from simrun_gateway.proxy import ForwardingHandler, method_shapes
 from simrun_gateway.servicer import GatewayServicer
 
 log = logging.getLogger(__name__)
+
+SERVICE_NAME = "simrun-gateway"
+"""The gateway's OpenTelemetry service name (every service embedded in it shares its process), unless
+`OTEL_SERVICE_NAME` names it."""
 
 _DESCRIPTORS = {
     "planner": planner_pb2.DESCRIPTOR.services_by_name["PlannerService"],
@@ -64,6 +68,7 @@ class EmbeddedServer:
     learner: ResourceLearner | None = None
     environments: EnvironmentBuilder | None = None
     closers: list[Any] = field(default_factory=list)
+    telemetry: Telemetry | None = None
 
     @property
     def port(self) -> int:
@@ -81,12 +86,15 @@ class EmbeddedServer:
             closer()
 
 
-def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> EmbeddedServer:
+def start_embedded(
+    config: ServerConfig, *, drive_runs: bool = True, telemetry: Telemetry | None = None
+) -> EmbeddedServer:
     """Starts the gateway with every service not given an address in `config.services` served in process.
 
     Args:
         config: the server's configuration.
         drive_runs: start the tracker's driver; off, runs are recorded and not run (the SubmitRun benchmark).
+        telemetry: where the server's spans go; the process's own (the OpenTelemetry variables) by default.
 
     Raises:
         InvalidArgument: a bad tokens file, or plaintext beyond loopback without `insecure: true`.
@@ -98,18 +106,21 @@ def start_embedded(config: ServerConfig, *, drive_runs: bool = True) -> Embedded
     private_dir(store.root, config.share_group)
     lock = HomeLock(config.home, *([store.root] if not config.services.tracker else []))
     try:
-        return _start(config, store, lock, drive_runs)
+        return _start(config, store, lock, drive_runs, telemetry)
     except BaseException:
         lock.release()
         raise
 
 
-def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs: bool) -> EmbeddedServer:
+def _start(
+    config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs: bool, telemetry: Telemetry | None
+) -> EmbeddedServer:
     if config.tokens_file is not None:
         tokens, token = TokenRegistry.load(config.tokens_file), ""
     else:
         tokens_file, token = ensure_local_tokens(config.home, config.share_group)
         tokens = TokenRegistry.load(tokens_file)
+    telemetry = telemetry or process_telemetry(SERVICE_NAME)
     remote = {name: address for name, address in config.services.model_dump().items() if address}
     registrations: list[Registration] = [
         lambda s: gateway_pb2_grpc.add_GatewayServiceServicer_to_server(GatewayServicer(), s)
@@ -131,7 +142,7 @@ def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs:
         environments = EnvironmentBuilder(settings_from_config(config))
         registrations.append(register_environments(environments))
     if "tracker" not in remote:
-        tracker = build_tracker(config, store, learner, environments)
+        tracker = build_tracker(config, store, learner, environments, telemetry)
         closers.append(tracker.close)
         registrations.append(
             lambda s: tracker_pb2_grpc.add_RunTrackerServiceServicer_to_server(RunTrackerServicer(tracker), s)
@@ -144,6 +155,7 @@ def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs:
         forwarding = ForwardingHandler(
             {_DESCRIPTORS[name].full_name: address for name, address in remote.items()},
             method_shapes(*(_DESCRIPTORS[name] for name in remote)),
+            telemetry,
             tls=config.tls,
         )
         registrations.append(lambda s: s.add_generic_rpc_handlers((forwarding,)))
@@ -159,6 +171,7 @@ def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs:
             max_concurrent_calls=config.max_concurrent_calls,
             tls=config.tls,
             insecure=config.insecure,
+            telemetry=telemetry,
         ).start()
     except BaseException:
         for closer in closers:
@@ -167,16 +180,11 @@ def _start(config: ServerConfig, store: StoreLayout, lock: HomeLock, drive_runs:
     closers.append(lock.release)
     if tracker is not None and drive_runs:
         tracker.start()
-    return EmbeddedServer(server, config, token, tracker, learner, environments, closers)
+    return EmbeddedServer(server, config, token, tracker, learner, environments, closers, telemetry)
 
 
 def serve(config: ServerConfig, ready: Any = None) -> None:
-    """Serves until SIGINT or SIGTERM, then stops the pods and the services."""
-    embedded = start_embedded(config)
-    if ready is not None:
-        ready(embedded)
-    stopped = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopped.set())
-    stopped.wait()
-    embedded.stop()
+    """Serves until SIGINT or SIGTERM, then stops the pods and the services, last the telemetry."""
+    telemetry = process_telemetry(SERVICE_NAME)
+    embedded = start_embedded(config, telemetry=telemetry)
+    serve_until_stopped(embedded, telemetry=telemetry, ready=None if ready is None else lambda: ready(embedded))

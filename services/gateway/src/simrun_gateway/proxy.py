@@ -1,4 +1,10 @@
-"""Forwards the calls of services that run apart to their addresses, with the caller's metadata, unchanged."""
+"""Forwards the calls of services that run apart to their addresses, with the caller's token, unchanged.
+
+The forwarding channels are traced like every other (the channel factory), so the service's span is a child of the
+gateway's. The raw `traceparent`/`tracestate` of the caller are then not forwarded: a call would carry two, the
+server would read one of them, and the gateway's span would drop out of the trace. Only when the gateway records
+no spans (nothing configured, or telemetry off) are they passed on, so the service still joins the caller's trace.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,12 @@ from typing import Any
 
 import grpc
 from simrun_core.config import TlsConfig
-from simrun_core.rpc.tls import service_channel
+from simrun_core.rpc.channel import open_channel
+from simrun_core.rpc.tls import service_credentials
+from simrun_core.telemetry import Telemetry, process_telemetry
 
-_FORWARDED_METADATA = ("authorization", "traceparent", "tracestate")
+_FORWARDED_METADATA = ("authorization",)
+_TRACE_METADATA = ("traceparent", "tracestate")
 _NO_DEADLINE_S = 10 * 365 * 24 * 3600.0
 
 
@@ -24,12 +33,23 @@ class ForwardingHandler(grpc.GenericRpcHandler):
     """
 
     def __init__(
-        self, routes: Mapping[str, str], streaming: Mapping[str, tuple[bool, bool]], tls: TlsConfig | None = None
+        self,
+        routes: Mapping[str, str],
+        streaming: Mapping[str, tuple[bool, bool]],
+        telemetry: Telemetry | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         """`routes`: full service name -> address; `streaming`: full method name -> (client, server) streaming;
-        `tls`: the config's TLS (see `service_channel`), None for plaintext."""
-        self._channels = {service: service_channel(address, tls) for service, address in routes.items()}
+        `telemetry`: the gateway's (the process's own by default); `tls`: the config's TLS (see
+        `service_credentials`), None for plaintext."""
+        telemetry = telemetry or process_telemetry("simrun")
+        credentials = service_credentials(tls)
+        self._channels = {
+            service: open_channel(address, telemetry=telemetry, credentials=credentials)
+            for service, address in routes.items()
+        }
         self._streaming = dict(streaming)
+        self._forwarded = _FORWARDED_METADATA if telemetry.recording else _FORWARDED_METADATA + _TRACE_METADATA
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method: str = handler_call_details.method  # type: ignore[attr-defined]
@@ -39,9 +59,10 @@ class ForwardingHandler(grpc.GenericRpcHandler):
             return None
         client_streaming, server_streaming = self._streaming[method]
         kwargs: dict[str, Any] = {"request_serializer": _identity, "response_deserializer": _identity}
+        forwarded = self._forwarded
 
         def metadata(context: grpc.ServicerContext) -> list[tuple[str, str]]:
-            return [(k, v) for k, v in context.invocation_metadata() if k in _FORWARDED_METADATA]
+            return [(k, v) for k, v in context.invocation_metadata() if k in forwarded]
 
         if not client_streaming and not server_streaming:
             call = channel.unary_unary(method, **kwargs)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 from pathlib import Path
 
 from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.serving import serve
 from simrun_core.rpc.tls import add_tls_arguments, tls_from_arguments
+from simrun_core.telemetry import process_telemetry
 
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.server import create_server
@@ -27,15 +28,17 @@ def main(argv: list[str] | None = None) -> None:
     tls = tls_from_arguments(parser, args)
     logging.basicConfig(level=logging.INFO)
     tokens = TokenRegistry.load(args.tokens) if args.tokens else None
+    telemetry = process_telemetry("simrun-learner")
     with ResourceLearner(args.db) as learner:
-        bound = create_server(learner, args.address, tokens=tokens, tls=tls, insecure=args.insecure).start()
-        logging.getLogger(__name__).info("resource learner serving on port %d with %s", bound.port, args.db)
-        # k3s stops a pod with SIGTERM: report NOT_SERVING to the probes, then finish the calls in flight.
-        signal.signal(signal.SIGTERM, lambda *_: bound.stop())
-        try:
-            bound.server.wait_for_termination()
-        except KeyboardInterrupt:
-            bound.stop()
+        bound = create_server(
+            learner, args.address, tokens=tokens, tls=tls, insecure=args.insecure, telemetry=telemetry
+        ).start()
+        log = logging.getLogger(__name__)
+        serve(
+            bound,
+            telemetry=telemetry,
+            ready=lambda: log.info("resource learner serving on port %d with %s", bound.port, args.db),
+        )
 
 
 if __name__ == "__main__":

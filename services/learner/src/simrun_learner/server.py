@@ -8,6 +8,7 @@ from simrun.v1 import learner_pb2, learner_pb2_grpc
 from simrun_core.config import TlsConfig
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
+from simrun_core.telemetry import Telemetry
 
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.servicer import ResourceLearnerService
@@ -21,6 +22,8 @@ def create_server(
     tokens: TokenRegistry | None = None,
     tls: TlsConfig | None = None,
     insecure: bool = False,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> BoundServer:
     """A learner server bound to `address` (not started), with the production interceptors and health.
 
@@ -29,6 +32,7 @@ def create_server(
             an embedded server passes the learner the run tracker calls in-process.
         address: `host:port`; port 0 picks a free one.
         tokens: When given, every call but health checks needs a known bearer token.
+        telemetry: Where the server's spans go; the process's own by default.
     """
     if not isinstance(learner, ResourceLearner):
         learner = ResourceLearner(learner)
@@ -40,4 +44,5 @@ def create_server(
         tokens=tokens,
         tls=tls,
         insecure=insecure,
+        telemetry=telemetry,
     )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 from pathlib import Path
 
 from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.serving import serve
 from simrun_core.rpc.tls import add_tls_arguments, tls_from_arguments
+from simrun_core.telemetry import process_telemetry
 
 from simrun_planner.server import create_server
 
@@ -23,14 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     tls = tls_from_arguments(parser, args)
     logging.basicConfig(level=logging.INFO)
     tokens = TokenRegistry.load(args.tokens) if args.tokens else None
-    bound = create_server(args.address, tokens=tokens, tls=tls, insecure=args.insecure).start()
-    logging.getLogger(__name__).info("planner serving on port %d", bound.port)
-    # k3s stops a pod with SIGTERM: report NOT_SERVING to the probes, then finish the calls in flight.
-    signal.signal(signal.SIGTERM, lambda *_: bound.stop())
-    try:
-        bound.server.wait_for_termination()
-    except KeyboardInterrupt:
-        bound.stop()
+    telemetry = process_telemetry("simrun-planner")
+    bound = create_server(args.address, tokens=tokens, tls=tls, insecure=args.insecure, telemetry=telemetry).start()
+    log = logging.getLogger(__name__)
+    serve(bound, telemetry=telemetry, ready=lambda: log.info("planner serving on port %d", bound.port))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from simrun_core.config import TlsConfig
 from simrun_core.errors import FailedPrecondition
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
+from simrun_core.telemetry import Telemetry
 
 from simrun_planner.planning import PlanError
 from simrun_planner.servicer import PlannerService
@@ -19,8 +20,11 @@ def create_server(
     tokens: TokenRegistry | None = None,
     tls: TlsConfig | None = None,
     insecure: bool = False,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> BoundServer:
-    """A planner server bound to `address` (not started), with the production interceptors and health.
+    """A planner server bound to `address` (not started), with the production interceptors and health; its spans
+    go to `telemetry` (the process's own by default).
 
     The planner has no configuration: it plans from what each request carries.
     """
@@ -32,4 +36,5 @@ def create_server(
         translate={PlanError: FailedPrecondition},
         tls=tls,
         insecure=insecure,
+        telemetry=telemetry,
     )

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 
 from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.serving import serve
 from simrun_core.rpc.tls import add_tls_arguments, tls_from_arguments
+from simrun_core.telemetry import process_telemetry
 
 from simrun_snapshot.server import create_server
 
@@ -25,17 +24,14 @@ def main(argv: list[str] | None = None) -> None:
     tls = tls_from_arguments(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     tokens = TokenRegistry.load(args.tokens) if args.tokens else None
-    bound = create_server(args.store, args.address, tokens, tls=tls, insecure=args.insecure).start()
-    logging.getLogger("simrun_snapshot").info("serving snapshots of %s on port %d", args.store, bound.port)
-    stopped = threading.Event()
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        stopped.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    stopped.wait()
-    bound.stop()
+    telemetry = process_telemetry("simrun-snapshot")
+    bound = create_server(
+        args.store, args.address, tokens, tls=tls, insecure=args.insecure, telemetry=telemetry
+    ).start()
+    log = logging.getLogger("simrun_snapshot")
+    serve(
+        bound, telemetry=telemetry, ready=lambda: log.info("serving snapshots of %s on port %d", args.store, bound.port)
+    )
 
 
 if __name__ == "__main__":

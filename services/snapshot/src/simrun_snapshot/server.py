@@ -10,6 +10,7 @@ from simrun_core.config import Limits, ReadPolicy, TlsConfig
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, Registration, build_server
 from simrun_core.snapshots.store import SnapshotStore
+from simrun_core.telemetry import Telemetry
 
 from simrun_snapshot.servicer import SnapshotServicer
 
@@ -33,8 +34,17 @@ def create_server(
     limits: Limits | None = None,
     tls: TlsConfig | None = None,
     insecure: bool = False,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> BoundServer:
-    """The snapshot service with the production interceptors and health, bound to `address`, not yet started."""
+    """The snapshot service with the production interceptors and health, bound to `address`, not yet started;
+    its spans go to `telemetry` (the process's own by default)."""
     return build_server(
-        address, [register(Path(store_root), limits)], [SERVICE_NAME], tokens=tokens, tls=tls, insecure=insecure
+        address,
+        [register(Path(store_root), limits)],
+        [SERVICE_NAME],
+        tokens=tokens,
+        tls=tls,
+        insecure=insecure,
+        telemetry=telemetry,
     )

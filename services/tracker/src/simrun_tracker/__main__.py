@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from pathlib import Path
 
 from simrun_core.config import ServerConfig, private_dir
 from simrun_core.errors import InvalidArgument, SimrunError
 from simrun_core.homelock import HomeLock
 from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.serving import serve
+from simrun_core.telemetry import process_telemetry
 from simrun_learner.learner import ResourceLearner
 from simrun_runtime.layout import StoreLayout
 
-from simrun_tracker.server import build_tracker, create_server
+from simrun_tracker.server import TELEMETRY_NAME, build_tracker, create_server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = ServerConfig.load(args.config)
         tokens = TokenRegistry.load(config.tokens_file) if config.tokens_file else None
+        telemetry = process_telemetry(TELEMETRY_NAME)
     except InvalidArgument as exc:
         parser.exit(2, f"simrun-tracker: error: {exc}\n")
     store = StoreLayout(config.store)
@@ -36,19 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     except SimrunError as exc:
         parser.exit(2, f"simrun-tracker: error: {exc}\n")
     learner = None if config.services.learner else ResourceLearner(store.observations)
-    tracker = build_tracker(config, store, learner)
-    bound = create_server(tracker, config.address, tokens, config.tls).start()
+    tracker = build_tracker(config, store, learner, telemetry=telemetry)
+    bound = create_server(tracker, config.address, tokens, config.tls, telemetry=telemetry).start()
     tracker.start()
-    logging.getLogger(__name__).info("run tracker serving on port %d with the store %s", bound.port, store.root)
-    stopped = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopped.set())
-    stopped.wait()
-    bound.stop()
-    tracker.close()
-    if learner is not None:
-        learner.close()
-    lock.release()
+    log = logging.getLogger(__name__)
+    serve(
+        bound,
+        cleanup=[tracker.close, *([learner.close] if learner is not None else []), lock.release],
+        telemetry=telemetry,
+        ready=lambda: log.info("run tracker serving on port %d with the store %s", bound.port, store.root),
+    )
     return 0
 
 

@@ -18,13 +18,15 @@ from simrun_core.messages import (
     resources_to_proto,
 )
 from simrun_core.resources import ResolvedResources
+from simrun_core.reuse import ReusePolicy
+from simrun_core.telemetry import trace_id_of
 from simrun_planner import Node, PodShape, TaskPlan
 from simrun_planner.convert import plan_to_proto
 from simrun_runtime.layout import StoreLayout
-from simrun_runtime.record import RunRecord, RunState, SnapshotRef, TaskState
+from simrun_runtime.record import ReusedFrom, RunRecord, RunState, SnapshotRef, TaskState
 
 from simrun_tracker.outputs import Chunk, OutputFile
-from simrun_tracker.tracker import Comparison, Submission, TaskEstimate, TaskProgress
+from simrun_tracker.tracker import Comparison, ReuseRequest, Submission, TaskEstimate, TaskProgress
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -64,7 +66,35 @@ def submission(store: StoreLayout, request: tracker_pb2.SubmitRunRequest) -> Sub
         mode=mode_from_proto(request.mode),
         reserve=request.reserve,
         request_id=request.request_id,
+        reuse=REUSE_FROM_PROTO.get(request.reuse, ReusePolicy.ANY),
+        resume_from=request.resume_from_run_id,
+        rerun=tuple(request.rerun),
     )
+
+
+REUSE_FROM_PROTO = {
+    common_pb2.REUSE_POLICY_UNSPECIFIED: ReusePolicy.ANY,
+    common_pb2.REUSE_POLICY_NEVER: ReusePolicy.NEVER,
+    common_pb2.REUSE_POLICY_SAME_RUN: ReusePolicy.SAME_RUN,
+    common_pb2.REUSE_POLICY_ANY: ReusePolicy.ANY,
+}
+
+
+def reuse_request(request: tracker_pb2.EstimateRunRequest) -> ReuseRequest:
+    """What an estimate asks of reuse, as a submission would."""
+    return ReuseRequest(
+        REUSE_FROM_PROTO.get(request.reuse, ReusePolicy.ANY), request.resume_from_run_id, tuple(request.rerun)
+    )
+
+
+def reused_from_message(reused: ReusedFrom | None) -> common_pb2.ReusedFrom | None:
+    """Where a task's results come from, if from an earlier run."""
+    if reused is None:
+        return None
+    message = common_pb2.ReusedFrom(run_id=reused.run_id, task_id=reused.task_id)
+    if reused.units is not None:
+        message.units = reused.units
+    return message
 
 
 def resources_message(resources: dict[str, Any] | None) -> common_pb2.ResolvedResources | None:
@@ -93,6 +123,7 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
         message=record.message,
         workflow=str(record.workflow.get("text", "")),
         environment=record.environment or "",
+        trace_id=trace_id_of(record.traceparent),
     )
     for task in record.tasks.values():
         message = run.tasks.add(
@@ -102,8 +133,11 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
             units_done=done.get(task.task_id, 0),
             state=TASK_STATE_TO_PROTO[task.state],
             message=task.message,
+            key=task.key or "",
         )
         message.inputs.update(task.inputs)
+        if (reused := reused_from_message(task.reused_from)) is not None:
+            message.reused_from.CopyFrom(reused)
         if task.units is not None:
             message.units = task.units
         if (plan := plan_message(task.plan)) is not None:
@@ -174,6 +208,8 @@ def estimate_message(estimates: list[TaskEstimate]) -> tracker_pb2.EstimateRunRe
         task.resources.CopyFrom(resources_to_proto(estimate.planned.resources))
         if estimate.seconds is not None:
             task.seconds = estimate.seconds
+        if (reused := reused_from_message(estimate.reused_from)) is not None:
+            task.reused_from.CopyFrom(reused)
     return response
 
 

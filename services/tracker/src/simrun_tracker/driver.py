@@ -21,11 +21,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
+from opentelemetry.trace import Span
 from simrun_core.config import DriverConfig
 from simrun_core.errors import SimrunError
+from simrun_core.key_index import KeyIndex
+from simrun_core.telemetry import Telemetry, context_from_traceparent, traceparent_of
 from simrun_runtime.layout import RunLayout, TaskLayout, read_beneath
 from simrun_runtime.record import OomKill, RunRecord, RunState, TaskRecord, TaskState
+from simrun_runtime.reports import WorkerEnd, load_reports
 
 from simrun_tracker.executor import (
     COORDINATOR,
@@ -81,10 +86,14 @@ class Driver:
         merge_wait_s: float = 120.0,
         config: DriverConfig | None = None,
         output_check: Callable[[TaskLayout], str | None] | None = None,
+        telemetry: Telemetry | None = None,
+        keys: KeyIndex | None = None,
     ) -> None:
         self.runs = runs
         self.output_check = output_check or (lambda task: None)
         """Why a succeeded task fails for the size of what it wrote (`Guard.output_failure`), or None."""
+        self.telemetry = telemetry or Telemetry.off()
+        self.keys = keys
         self.executor = executor
         self.learner = learner
         self.environments = environments
@@ -99,6 +108,8 @@ class Driver:
         self._timers: list[tuple[float, str]] = []
         self._backoff: dict[str, _Backoff] = {}
         self._merge_seen: dict[tuple[str, str], float] = {}
+        self._task_spans: dict[tuple[str, str], Span] = {}
+        """The span of each task whose pods this driver started, ended with the task (lost on a restart)."""
         self._thread: threading.Thread | None = None
         self.steps = 0
         """Steps taken (for tests and benchmarks)."""
@@ -264,6 +275,7 @@ class Driver:
             pods = pods_by_task.get(task.task_id, [])
             if not pods:
                 if self.executor.ordering == TaskOrdering.DRIVER:
+                    self._start_task_span(record, task)
                     self.executor.start_pods(task_pods(record, task, self._environment_id(record), self.grace_s))
                 continue
             self._record_pods(record, task, pods)
@@ -301,6 +313,7 @@ class Driver:
             )
             return None
         self.environments.write_run_lock(record.run_id, environment.environment_id)
+        self._record_span(record, f"environment {environment.environment_id}", record.created_at, datetime.now(UTC))
         if any(task.plan is None for task in record.tasks.values()):
             self.planner(record)
         record.state = RunState.QUEUED
@@ -398,17 +411,94 @@ class Driver:
         task.message = message
         task.ended_at = datetime.now(UTC)
         self._merge_seen.pop((record.run_id, task.task_id), None)
+        self._end_task_span(record, task)
         try:
             self.learner.record_reports(record, task.task_id, state == TaskState.SUCCEEDED)
         except Exception:
             # Observations are worth keeping, not worth failing a run over: the learner may be down.
             log.exception("recording observations of %s/%s failed", record.run_id, task.task_id)
+        if self.keys is not None:
+            self.keys.update(record)
+
+    # --- spans -----------------------------------------------------------------------------------------------
+
+    def _record_span(
+        self, record: RunRecord, name: str, start: datetime, end: datetime | None, **attributes: Any
+    ) -> None:
+        if self.telemetry.recording and record.traceparent:
+            self.telemetry.record_span(
+                name,
+                parent=record.traceparent,
+                start=start,
+                end=end,
+                attributes={"simrun.run_id": record.run_id, **attributes},
+            )
+
+    def _start_task_span(self, record: RunRecord, task: TaskRecord) -> None:
+        """The task's span, started with its pods; its context is the pods' TRACEPARENT."""
+        if not (self.telemetry.recording and record.traceparent):
+            return
+        span = self.telemetry.tracer().start_span(
+            f"task {task.task_id}",
+            context=context_from_traceparent(record.traceparent),
+            attributes={"simrun.run_id": record.run_id, "simrun.task_id": task.task_id, "simrun.type": task.type},
+        )
+        self._task_spans[(record.run_id, task.task_id)] = span
+        task.traceparent = traceparent_of(span)
+
+    def _end_task_span(self, record: RunRecord, task: TaskRecord) -> None:
+        """Each pod attempt becomes a span from its worker report, under the task's span, which then ends (one
+        recorded afresh from the record's times when this driver did not start it, e.g. after a restart)."""
+        span = self._task_spans.pop((record.run_id, task.task_id), None)
+        if not (self.telemetry.recording and record.traceparent):
+            return
+        try:
+            reports = load_reports(self.runs.layout.run(record.run_id).task(task.task_id))
+        except (OSError, ValueError):
+            log.exception("reading the worker reports of %s/%s failed", record.run_id, task.task_id)
+            reports = []
+        parent = task.traceparent or record.traceparent
+        for report in reports:
+            # A report still `running` after its task ended is a pod killed without a word (SIGKILL).
+            failed = report.ended in (WorkerEnd.FAILED, WorkerEnd.RUNNING)
+            self.telemetry.record_span(
+                f"pod {report.worker}",
+                parent=report.traceparent or parent,
+                start=report.started_at,
+                end=report.ended_at or task.ended_at,
+                attributes={
+                    "simrun.run_id": record.run_id,
+                    "simrun.task_id": task.task_id,
+                    "simrun.worker": report.worker,
+                    "simrun.role": report.role,
+                    "simrun.units": report.unit_seconds.count if report.unit_seconds else len(report.units),
+                    "simrun.peak_memory_gb": report.peak_memory_gb,
+                    "simrun.exit_code": report.exit_code if report.exit_code is not None else -1,
+                    "simrun.ended": report.ended.value,
+                },
+                error=f"{report.ended.value}: exit code {report.exit_code}" if failed else None,
+            )
+        attributes = {"simrun.state": task.state.value}
+        if span is not None:
+            span.set_attributes(attributes)
+            span.end()
+        else:
+            self._record_span(
+                record,
+                f"task {task.task_id}",
+                task.started_at or task.ended_at or datetime.now(UTC),
+                task.ended_at,
+                **attributes,
+            )
 
     def _finish(self, record: RunRecord, state: RunState, message: str) -> None:
         for task in record.tasks.values():
             if not task.state.final:
                 task.state = TaskState.CANCELLED
                 task.ended_at = datetime.now(UTC)
+                self._end_task_span(record, task)
+        if self.keys is not None:
+            self.keys.update(record)
         record.state = state
         record.message = message
         record.ended_at = datetime.now(UTC)

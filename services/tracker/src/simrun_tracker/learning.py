@@ -9,9 +9,10 @@ from simrun.v1 import learner_pb2, learner_pb2_grpc
 from simrun_core.config import TlsConfig
 from simrun_core.errors import FailedPrecondition
 from simrun_core.resources import ObservationKey, ResolvedResources
-from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.rpc.channel import open_channel
 from simrun_core.rpc.errors import to_domain_error
-from simrun_core.rpc.tls import service_channel
+from simrun_core.rpc.tls import service_credentials
+from simrun_core.telemetry import Telemetry
 from simrun_learner import convert
 from simrun_learner.learner import ResourceLearner
 from simrun_learner.reports import observations_from_reports
@@ -68,17 +69,24 @@ class GrpcLearner:
     """
 
     def __init__(
-        self, address: str, store: StoreLayout, token: str = "", timeout_s: float = 10.0, tls: TlsConfig | None = None
+        self,
+        address: str,
+        store: StoreLayout,
+        token: str = "",
+        timeout_s: float = 10.0,
+        tls: TlsConfig | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
-        self._channel = service_channel(address, tls)
+        self._channel = open_channel(
+            address, token=token or None, telemetry=telemetry, credentials=service_credentials(tls)
+        )
         self._stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
-        self._metadata = bearer_metadata(token or None)
         self._store = store
         self._timeout_s = timeout_s
 
     def _call(self, method: Any, request: Any) -> Any:
         try:
-            return method(request, metadata=self._metadata, timeout=self._timeout_s)
+            return method(request, timeout=self._timeout_s)
         except grpc.RpcError as exc:
             raise to_domain_error(exc) from None
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from simrun_planner import PodShape, retry_processes
 from simrun_runtime.layout import StoreLayout
-from simrun_runtime.record import RunRecord, TaskRecord
+from simrun_runtime.record import RunRecord, TaskRecord, TaskState
 
 from simrun_tracker.executor import COORDINATOR, MERGE_WORKER, PodRole, PodSpec, RunSpec, TaskSpec
 
@@ -45,8 +45,12 @@ def merge_pod(record: RunRecord, task: TaskRecord, environment_id: str, grace_s:
 def run_spec(record: RunRecord, environment_id: str, grace_s: float, image: str = "") -> RunSpec:
     """A whole run for an adapter that orders its tasks itself: every task's pods and the tasks it reads."""
     tasks = []
+    # A task reused from an earlier run is SUCCEEDED before the run starts: it has no pods, and nothing waits for it.
+    done = {task.task_id for task in record.tasks.values() if task.state == TaskState.SUCCEEDED}
     for task in record.tasks.values():
-        depends = sorted({ref.split(".")[0] for ref in task.inputs.values()})
+        if task.task_id in done:
+            continue
+        depends = sorted({ref.split(".")[0] for ref in task.inputs.values()} - done)
         pods = [_with_image(p, image) for p in task_pods(record, task, environment_id, grace_s)]
         legacy = None
         if task.split and not coordinator_merges(task):
@@ -86,6 +90,9 @@ def _pod(
     }
     if task.unit_timeout_s:
         contract["SIMRUN_UNIT_TIMEOUT_S"] = f"{task.unit_timeout_s:g}"
+    # The W3C environment carrier: the pod's report names its span's parent (the task's, else the submission's).
+    if traceparent := task.traceparent or record.traceparent:
+        contract["TRACEPARENT"] = traceparent
     return PodSpec(
         run_id=record.run_id,
         task_id=task.task_id,

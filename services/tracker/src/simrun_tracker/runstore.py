@@ -41,9 +41,12 @@ class RunStore:
         self._final: OrderedDict[str, RunRecord] = OrderedDict()
         self._listeners: list[Callable[[str], None]] = []
 
-    def load(self) -> list[RunRecord]:
-        """Rebuilds the index from every record and returns the active runs (the ones not final)."""
+    def load(self, every: Callable[[list[RunRecord]], object] | None = None) -> list[RunRecord]:
+        """Rebuilds the index from every record and returns the active runs (the ones not final); `every` is
+        given all the records read (the task key index is rebuilt from them too)."""
         records = self.index.rebuild(self.layout)
+        if every is not None:
+            every(records)
         active = [r for r in records if not r.state.final]
         with self._lock:
             # The newest final runs are the ones listed first: keep them, read once already.

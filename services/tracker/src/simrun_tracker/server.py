@@ -7,6 +7,7 @@ from simrun_core.config import ServerConfig, TlsConfig
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
+from simrun_core.telemetry import Telemetry, process_telemetry
 from simrun_envbuilder.builder import EnvironmentBuilder
 from simrun_envbuilder.convert import settings_from_config
 from simrun_learner.learner import ResourceLearner
@@ -25,6 +26,8 @@ from simrun_tracker.servicer import RunTrackerServicer
 from simrun_tracker.tracker import RunTracker
 
 SERVICE_NAME = tracker_pb2.DESCRIPTOR.services_by_name["RunTrackerService"].full_name
+TELEMETRY_NAME = "simrun-tracker"
+"""The tracker's OpenTelemetry service name when it runs alone, unless `OTEL_SERVICE_NAME` names it."""
 
 
 def local_launcher(interpreters: LocalInterpreters) -> Launcher:
@@ -66,14 +69,17 @@ def build_tracker(
     store: StoreLayout,
     learner: ResourceLearner | None,
     environments: EnvironmentBuilder | None = None,
+    telemetry: Telemetry | None = None,
 ) -> RunTracker:
     """A run tracker over the configured executor, with the learner in process or at `config.services.learner`,
-    and the environment builder given (in process), at `config.services.envbuilder`, or its own."""
+    and the environment builder given (in process), at `config.services.envbuilder`, or its own; its spans (the
+    driver's steps, pod attempts, calls to the learner) go to `telemetry`."""
+    telemetry = telemetry or process_telemetry(TELEMETRY_NAME)
     port: LearnerPort
     if learner is not None:
         port = InProcessLearner(learner, store)
     else:
-        port = GrpcLearner(config.services.learner, store, config.service_token, tls=config.tls)
+        port = GrpcLearner(config.services.learner, store, config.service_token, tls=config.tls, telemetry=telemetry)
     environments_port = build_environments(config, store, environments)
     return RunTracker(
         store,
@@ -87,13 +93,20 @@ def build_tracker(
         driver=config.driver,
         index_path=config.index,
         guard=Guard(config.limits, config.read_policy),
+        telemetry=telemetry,
     )
 
 
 def create_server(
-    tracker: RunTracker, address: str, tokens: TokenRegistry | None, tls: TlsConfig | None = None
+    tracker: RunTracker,
+    address: str,
+    tokens: TokenRegistry | None,
+    tls: TlsConfig | None = None,
+    *,
+    telemetry: Telemetry | None = None,
 ) -> BoundServer:
-    """A tracker server bound to `address` (not started), with the production interceptors and health."""
+    """A tracker server bound to `address` (not started), with the production interceptors and health; its
+    spans go to `telemetry` (the tracker's by default)."""
     servicer = RunTrackerServicer(tracker)
     return build_server(
         address,
@@ -101,4 +114,5 @@ def create_server(
         [SERVICE_NAME],
         tokens=tokens,
         tls=tls,
+        telemetry=telemetry or tracker.telemetry,
     )

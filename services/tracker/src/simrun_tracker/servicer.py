@@ -80,8 +80,9 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         self, request: tracker_pb2.EstimateRunRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.EstimateRunResponse:
         snapshots = convert.snapshot_refs(self.tracker.store, request.snapshots)
+        reuse = convert.reuse_request(request)
         estimates = self.tracker.estimate(
-            request.workflow, snapshots, current_identity(), mode_from_proto(request.mode)
+            request.workflow, snapshots, current_identity(), mode_from_proto(request.mode), reuse
         )
         return convert.estimate_message(estimates)
 

@@ -18,13 +18,16 @@ from pathlib import Path
 from simrun_core.config import DriverConfig
 from simrun_core.errors import FailedPrecondition, NotFound, PermissionDenied
 from simrun_core.identity import Identity, Priority
+from simrun_core.key_index import KeyIndex
 from simrun_core.resources import SplitMode
+from simrun_core.reuse import ReusePolicy
+from simrun_core.telemetry import Telemetry, current_traceparent, process_telemetry
 from simrun_core.workflow import Workflow, parse_workflow
 from simrun_planner import Node
 from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import RunLayout, StoreLayout
 from simrun_runtime.record import Identity as RecordIdentity
-from simrun_runtime.record import RunRecord, RunState, SnapshotRef, TaskRecord
+from simrun_runtime.record import ReusedFrom, RunRecord, RunState, SnapshotRef, TaskRecord
 
 from simrun_tracker.describer import TypeDescriber
 from simrun_tracker.driver import CANCELLED_BY, Driver
@@ -32,10 +35,27 @@ from simrun_tracker.executor import Executor
 from simrun_tracker.guard import Guard
 from simrun_tracker.ports import Environment, EnvironmentPort, EnvironmentState, LearnerPort, LocalInterpreters
 from simrun_tracker.reads import Comparison, RunReader, TaskProgress
+from simrun_tracker.reuse import (
+    ReuseRequest,
+    apply_reuse,
+    caller_identity,
+    check_request,
+    find_sources,
+    keys_of,
+    load_record,
+)
 from simrun_tracker.runstore import RunStore
 from simrun_tracker.submission import PlannedTask, check_snapshots, describe_tasks, plan_tasks, reserving
 
-__all__ = ["Comparison", "RunTracker", "Submission", "TaskEstimate", "TaskProgress", "new_run_id"]
+__all__ = [
+    "Comparison",
+    "ReuseRequest",
+    "RunTracker",
+    "Submission",
+    "TaskEstimate",
+    "TaskProgress",
+    "new_run_id",
+]
 
 CANCEL_WAIT_S = 10.0
 """Seconds `cancel` waits for the driver to carry the cancellation out before it answers."""
@@ -52,14 +72,24 @@ class Submission:
     reserve: str = ""
     request_id: str = ""
     """The submitter's key for this submission: a retry with the same key returns the first run."""
+    reuse: ReusePolicy = ReusePolicy.ANY
+    resume_from: str = ""
+    """A run to resume: its results are reused first."""
+    rerun: tuple[str, ...] = ()
+    """Tasks computed again even where an earlier result has their key."""
+
+    @property
+    def reuse_request(self) -> ReuseRequest:
+        return ReuseRequest(self.reuse, self.resume_from, self.rerun)
 
 
 @dataclass(frozen=True)
 class TaskEstimate:
-    """A task's plan and resources, and its seconds once its units' seconds are learned."""
+    """A task's plan and resources, its seconds once its units' seconds are learned, and what it would reuse."""
 
     planned: PlannedTask
     seconds: float | None
+    reused_from: ReusedFrom | None = None
 
 
 def new_run_id() -> str:
@@ -84,8 +114,10 @@ class RunTracker:
         driver: DriverConfig | None = None,
         index_path: Path | None = None,
         guard: Guard | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
+        self.telemetry = telemetry or process_telemetry("simrun-tracker")
         self.executor = executor
         self.learner = learner
         self.describer = describer
@@ -94,6 +126,8 @@ class RunTracker:
         self.guard = guard or Guard()
         """The read policy and the bounds (`Guard`): submission, reads and the driver check requests with it."""
         self.runs = RunStore(store, index_path)
+        # Beside the run index (a cache, rebuilt from the records at start).
+        self.keys = KeyIndex(store, (index_path or store.index).with_name("task-keys.sqlite"))
         self.reader = RunReader(self.runs, executor)
         self.driver = Driver(
             self.runs,
@@ -105,10 +139,12 @@ class RunTracker:
             merge_wait_s=merge_wait_s,
             config=driver,
             output_check=self.guard.output_failure,
+            telemetry=self.telemetry,
+            keys=self.keys,
         )
         self._requests: dict[tuple[str, str], threading.Lock] = {}
         self._requests_lock = threading.Lock()
-        self.driver.recover(self.runs.load())
+        self.driver.recover(self.runs.load(self.keys.rebuild))
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -126,6 +162,7 @@ class RunTracker:
         self.learner.close()
         self.environments.close()
         self.runs.close()
+        self.keys.close()
 
     # --- submission ------------------------------------------------------------------------------------------
 
@@ -163,6 +200,8 @@ class RunTracker:
         reserve = submission.reserve or workflow.spec.reserve
         if reserve:
             self.guard.check_reservation(identity, reserve)
+        reuse = submission.reuse_request
+        check_request(reuse, list(workflow.order), identity, self._load_record)
         check_snapshots(self.store, submission.snapshots)
         environment = self.environments.resolve(submission.snapshots)
         if environment.state == EnvironmentState.FAILED:
@@ -189,15 +228,60 @@ class RunTracker:
             reservation=reserve,
             request_id=submission.request_id,
             message="" if planned is not None else f"building environment {environment.environment_id}",
+            # The SubmitRun span (or the caller's context): the driver's steps and the pods continue its trace.
+            traceparent=current_traceparent(),
+            reuse=reuse.policy.value,
+            resume_from=reuse.resume_from or None,
+            rerun=list(reuse.rerun),
         )
+        if planned is not None:
+            self._set_keys(record, planned)
         if reserve:
             self.executor.reserve(reserve, run_id)
+
+        def write_tasks(staging: RunLayout) -> None:
+            self._write_tasks(staging, record, workflow)
+            if planned is not None:
+                self._reuse(record, staging, identity)
+
         try:
-            return self.runs.create(record, lambda staging: self._write_tasks(staging, record, workflow))
+            created = self.runs.create(record, write_tasks)
         except BaseException:
             if reserve:
                 self.executor.release(run_id)
             raise
+        self.keys.update(created)
+        return created
+
+    def _load_record(self, run_id: str) -> RunRecord:
+        return load_record(self.store, run_id)
+
+    def _set_keys(self, record: RunRecord, planned: list[PlannedTask]) -> None:
+        for task_id, key in keys_of(self.store, record, planned).items():
+            record.tasks[task_id].key = key
+
+    def _reuse(self, record: RunRecord, run: RunLayout, identity: Identity | RecordIdentity) -> None:
+        """Puts in `run` the earlier results its tasks' keys find (a reused task is SUCCEEDED before it starts)."""
+        request = ReuseRequest(ReusePolicy(record.reuse), record.resume_from or "", tuple(record.rerun))
+        sources = find_sources(record, self.keys, request, caller_identity(identity))
+        if not sources:
+            return
+        apply_reuse(record, run, self.store, sources)
+        if self.telemetry.recording and record.traceparent:
+            for task in record.tasks.values():
+                if task.reused_from is not None and task.started_at is not None:
+                    self.telemetry.record_span(
+                        f"task {task.task_id}",
+                        parent=record.traceparent,
+                        start=task.started_at,
+                        end=task.ended_at,
+                        attributes={
+                            "simrun.run_id": record.run_id,
+                            "simrun.task_id": task.task_id,
+                            "simrun.reused_from.run_id": task.reused_from.run_id,
+                            "simrun.reused_from.task_id": task.reused_from.task_id,
+                        },
+                    )
 
     def _write_tasks(self, staging: RunLayout, record: RunRecord, workflow: Workflow) -> None:
         provenance = {"run_id": record.run_id, "snapshots": [s.model_dump(mode="json") for s in record.snapshots]}
@@ -216,29 +300,42 @@ class RunTracker:
         run_id: str,
         reserve: str | None,
         environment: Environment,
+        traceparent: str | None = None,
     ) -> list[PlannedTask]:
-        model_root = check_snapshots(self.store, snapshots)
-        interpreter = self.interpreters.interpreter(environment.environment_id, snapshots=snapshots)
-        descriptions = describe_tasks(self.describer, interpreter, model_root, workflow)
-        for task_id, description in descriptions.items():
-            if description.split:
-                self.guard.check_units(task_id, description.units)
-        nodes = reserving(self.executor.nodes(), run_id, reserve)
-        priority = identity.priority if isinstance(identity, Identity) else Priority(identity.priority)
-        return plan_tasks(workflow, descriptions, self.learner, nodes, snapshots[0].name, priority, mode, run_id)
+        with self.telemetry.span("planning", parent=traceparent, attributes={"simrun.run_id": run_id}):
+            model_root = check_snapshots(self.store, snapshots)
+            interpreter = self.interpreters.interpreter(environment.environment_id, snapshots=snapshots)
+            descriptions = describe_tasks(self.describer, interpreter, model_root, workflow)
+            for task_id, description in descriptions.items():
+                if description.split:
+                    self.guard.check_units(task_id, description.units)
+            nodes = reserving(self.executor.nodes(), run_id, reserve)
+            priority = identity.priority if isinstance(identity, Identity) else Priority(identity.priority)
+            return plan_tasks(workflow, descriptions, self.learner, nodes, snapshots[0].name, priority, mode, run_id)
 
     def _plan_recorded(self, record: RunRecord) -> None:
         """Describes and plans the tasks of a run recorded while its environment was building (the driver's call)."""
         workflow = parse_workflow(str(record.workflow.get("text", "")))
         mode = _recorded_mode(record)
         environment = self.environments.get(record.environment or "")
-        planned = self._plan(workflow, record.snapshots, record.identity, mode, record.run_id, None, environment)
+        planned = self._plan(
+            workflow, record.snapshots, record.identity, mode, record.run_id, None, environment, record.traceparent
+        )
         record.tasks = task_records(workflow, planned, mode, record.tasks)
+        self._set_keys(record, planned)
+        self._reuse(record, self.store.run(record.run_id), record.identity)
+        self.keys.update(record)
 
     def estimate(
-        self, workflow_text: str, snapshots: list[SnapshotRef], identity: Identity, mode: SplitMode | None
+        self,
+        workflow_text: str,
+        snapshots: list[SnapshotRef],
+        identity: Identity,
+        mode: SplitMode | None,
+        reuse: ReuseRequest | None = None,
     ) -> list[TaskEstimate]:
-        """Plans a workflow without running it and estimates each split task's seconds.
+        """Plans a workflow without running it, estimates each split task's seconds and says which tasks would
+        be reused from where.
 
         Raises:
             FailedPrecondition: the model's environment is still building (estimate again once it is ready).
@@ -250,16 +347,37 @@ class RunTracker:
             raise FailedPrecondition(
                 f"environment {environment.environment_id} is {environment.state.value}: estimate once it is ready"
             )
+        reuse = reuse or ReuseRequest()
+        check_request(reuse, list(workflow.order), identity, self._load_record)
         planned = self._plan(workflow, snapshots, identity, mode, "estimate", workflow.spec.reserve, environment)
+        # The record the run would have, for its keys and the earlier results they find.
+        record = RunRecord(
+            run_id="estimate",
+            workflow={"text": workflow_text},
+            identity=record_identity(identity),
+            tasks=task_records(workflow, planned, mode),
+            snapshots=snapshots,
+            environment=environment.environment_id,
+        )
+        self._set_keys(record, planned)
+        sources = find_sources(record, self.keys, reuse, identity)
         estimates = []
         for task in planned:
+            source = sources.get(task.task_id)
+            reused = None
+            if source is not None:
+                reused = ReusedFrom(
+                    run_id=source.run_id, task_id=source.task_id, units=len(source.units) if source.units else None
+                )
             seconds = None
-            if task.description.split and task.plan.units:
-                seconds = self.learner.estimate(task.key, task.plan.units, task.plan.pods, task.plan.shape.processes)
-            elif not task.description.split:
+            if task.description.split and task.plan.units and (source is None or source.partial):
+                units = task.plan.units - (len(source.units) if source and source.units else 0)
+                if units > 0:
+                    seconds = self.learner.estimate(task.key, units, task.plan.pods, task.plan.shape.processes)
+            elif not task.description.split and source is None:
                 # An unsplit task is one unit: its learned seconds are those of its whole run.
                 seconds = self.learner.estimate(task.key, 1, 1, 1)
-            estimates.append(TaskEstimate(task, seconds))
+            estimates.append(TaskEstimate(task, seconds, reused))
         return estimates
 
     # --- cancellation ----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The one way simrun builds a gRPC server: interceptors (auth, then errors), health, a bound port."""
+"""The one way simrun builds a gRPC server: interceptors (tracing, auth, then errors), health, a bound port."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from simrun_core.errors import InvalidArgument, SimrunError
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.auth import AuthInterceptor
 from simrun_core.rpc.errors import ErrorInterceptor
+from simrun_core.telemetry import Telemetry, process_telemetry
 
 Registration = Callable[[grpc.Server], None]
 
@@ -46,6 +47,7 @@ def build_server(
     max_concurrent_calls: int = 1000,
     tls: TlsConfig | None = None,
     insecure: bool = False,
+    telemetry: Telemetry | None = None,
 ) -> BoundServer:
     """Builds a server with the production interceptors and `grpc.health.v1`, bound to `address`.
 
@@ -61,6 +63,7 @@ def build_server(
             high; one thread above it is kept free for the calls that must answer the refusal.
         tls: serve TLS with this certificate and key (and require client certificates of its client CA).
         insecure: serve plaintext beyond loopback; without it such an address needs `tls`.
+        telemetry: where the server's spans go; the process's own (from the OpenTelemetry variables) by default.
 
     Raises:
         InvalidArgument: plaintext on an address beyond loopback without `insecure`, or unreadable TLS files.
@@ -68,7 +71,8 @@ def build_server(
     """
     check_transport(address, tls, insecure)
     credentials = server_credentials(tls) if tls is not None else None
-    interceptors: list[grpc.ServerInterceptor] = []
+    # Tracing first, so a call's span covers authentication and error mapping (a refused call records status 16).
+    interceptors: list[grpc.ServerInterceptor] = [*(telemetry or process_telemetry("simrun")).server_interceptors()]
     if tokens is not None:
         interceptors.append(AuthInterceptor(tokens))
     interceptors.append(ErrorInterceptor(translate))

@@ -10,18 +10,18 @@ import grpc
 from simrun_core.config import TlsConfig
 
 
-def service_channel(address: str, tls: TlsConfig | None) -> grpc.Channel:
-    """A channel to a service apart: plaintext without `tls.ca`; else TLS verified against `tls.ca`, presenting
-    the config's own certificate when its servers ask for client certificates (`tls.client_ca`)."""
+def service_credentials(tls: TlsConfig | None) -> grpc.ChannelCredentials | None:
+    """The credentials of a channel to a service apart: None (plaintext) without `tls.ca`; else TLS verified
+    against `tls.ca`, presenting the config's own certificate when its servers ask for client certificates
+    (`tls.client_ca`)."""
     if tls is None or tls.ca is None:
-        return grpc.insecure_channel(address)
+        return None
     mutual = tls.client_ca is not None
-    credentials = grpc.ssl_channel_credentials(
+    return grpc.ssl_channel_credentials(
         root_certificates=tls.ca.read_bytes(),
         private_key=tls.key.read_bytes() if mutual else None,
         certificate_chain=tls.cert.read_bytes() if mutual else None,
     )
-    return grpc.secure_channel(address, credentials)
 
 
 def add_tls_arguments(parser: argparse.ArgumentParser) -> None:

@@ -180,6 +180,34 @@ RESOLUTION_RULE_OOM_FLOOR: ResolutionRule.ValueType  # 3
 """1.5 times the memory per process of a pod killed for memory, with no later success."""
 Global___ResolutionRule: _TypeAlias = ResolutionRule  # noqa: Y015
 
+class _ReusePolicy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReusePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ReusePolicy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REUSE_POLICY_UNSPECIFIED: _ReusePolicy.ValueType  # 0
+    """The default: from any run the submitter may read."""
+    REUSE_POLICY_NEVER: _ReusePolicy.ValueType  # 1
+    """Compute every task."""
+    REUSE_POLICY_SAME_RUN: _ReusePolicy.ValueType  # 2
+    """Only from the run it resumes (resume_from_run_id)."""
+    REUSE_POLICY_ANY: _ReusePolicy.ValueType  # 3
+    """From any run the submitter may read."""
+
+class ReusePolicy(_ReusePolicy, metaclass=_ReusePolicyEnumTypeWrapper):
+    """Where a submission may take earlier results from."""
+
+REUSE_POLICY_UNSPECIFIED: ReusePolicy.ValueType  # 0
+"""The default: from any run the submitter may read."""
+REUSE_POLICY_NEVER: ReusePolicy.ValueType  # 1
+"""Compute every task."""
+REUSE_POLICY_SAME_RUN: ReusePolicy.ValueType  # 2
+"""Only from the run it resumes (resume_from_run_id)."""
+REUSE_POLICY_ANY: ReusePolicy.ValueType  # 3
+"""From any run the submitter may read."""
+Global___ReusePolicy: _TypeAlias = ReusePolicy  # noqa: Y015
+
 class _EnvironmentState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -778,6 +806,8 @@ class Task(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     RESOURCES_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    REUSED_FROM_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Id of the task in the workflow."""
     type: _builtins.str
@@ -792,6 +822,8 @@ class Task(_message.Message):
     """Its state."""
     message: _builtins.str
     """Why it failed or was cancelled; empty otherwise."""
+    key: _builtins.str
+    """The task key (SHA-256 hex of type, settings, snapshots, environment and upstream keys); empty if not cacheable."""
     @_builtins.property
     def inputs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Input port -> `<task>.<port>` it reads."""
@@ -803,6 +835,10 @@ class Task(_message.Message):
     @_builtins.property
     def resources(self) -> Global___ResolvedResources:
         """The resolved resources it was planned with."""
+
+    @_builtins.property
+    def reused_from(self) -> Global___ReusedFrom:
+        """The earlier task whose outputs it reuses, or whose done units seeded its ledger; absent if computed."""
 
     def __init__(
         self,
@@ -817,16 +853,50 @@ class Task(_message.Message):
         state: Global___TaskState.ValueType = ...,
         message: _builtins.str = ...,
         resources: Global___ResolvedResources | None = ...,
+        key: _builtins.str = ...,
+        reused_from: Global___ReusedFrom | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "plan", b"plan", "resources", b"resources", "units", b"units"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "plan", b"plan", "resources", b"resources", "reused_from", b"reused_from", "units", b"units"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "inputs", b"inputs", "message", b"message", "plan", b"plan", "resources", b"resources", "split", b"split", "state", b"state", "task_id", b"task_id", "type", b"type", "units", b"units", "units_done", b"units_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "inputs", b"inputs", "key", b"key", "message", b"message", "plan", b"plan", "resources", b"resources", "reused_from", b"reused_from", "split", b"split", "state", b"state", "task_id", b"task_id", "type", b"type", "units", b"units", "units_done", b"units_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__units: _TypeAlias = _typing.Literal["units"]  # noqa: Y015
     _WhichOneofArgType__units: _TypeAlias = _typing.Literal["_units", b"_units"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__units) -> _WhichOneofReturnType__units | None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class ReusedFrom(_message.Message):
+    """An earlier task whose results a task reuses."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    UNITS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The earlier run."""
+    task_id: _builtins.str
+    """The task of the earlier run."""
+    units: _builtins.int
+    """Done units seeded into the new ledger; absent when the whole outputs are reused."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        units: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "units", b"units"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "run_id", b"run_id", "task_id", b"task_id", "units", b"units"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__units: _TypeAlias = _typing.Literal["units"]  # noqa: Y015
+    _WhichOneofArgType__units: _TypeAlias = _typing.Literal["_units", b"_units"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__units) -> _WhichOneofReturnType__units | None: ...
+
+Global___ReusedFrom: _TypeAlias = ReusedFrom  # noqa: Y015
 
 @_typing.final
 class Run(_message.Message):
@@ -848,6 +918,7 @@ class Run(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
     END_TIME_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    TRACE_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Id of the run."""
     group: _builtins.str
@@ -862,6 +933,8 @@ class Run(_message.Message):
     """The workflow as submitted, YAML."""
     environment: _builtins.str
     """The id of the environment its pods run in (a venv on one machine, an image on a cluster)."""
+    trace_id: _builtins.str
+    """The trace id (32 hex digits) of its submission in the tracing backend; empty when nothing was traced."""
     @_builtins.property
     def identity(self) -> Global___Identity:
         """Who submitted it."""
@@ -907,10 +980,11 @@ class Run(_message.Message):
         update_time: _timestamp_pb2.Timestamp | None = ...,
         end_time: _timestamp_pb2.Timestamp | None = ...,
         environment: _builtins.str = ...,
+        trace_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "identity", b"identity", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "environment", b"environment", "group", b"group", "identity", b"identity", "message", b"message", "oom_kills", b"oom_kills", "reservation", b"reservation", "run_id", b"run_id", "snapshots", b"snapshots", "state", b"state", "tasks", b"tasks", "update_time", b"update_time", "workflow", b"workflow"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "end_time", b"end_time", "environment", b"environment", "group", b"group", "identity", b"identity", "message", b"message", "oom_kills", b"oom_kills", "reservation", b"reservation", "run_id", b"run_id", "snapshots", b"snapshots", "state", b"state", "tasks", b"tasks", "trace_id", b"trace_id", "update_time", b"update_time", "workflow", b"workflow"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,6 +31,9 @@ class SubmitRunRequest(_message.Message):
     MODE_FIELD_NUMBER: _builtins.int
     RESERVE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REUSE_FIELD_NUMBER: _builtins.int
+    RESUME_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
+    RERUN_FIELD_NUMBER: _builtins.int
     workflow: _builtins.str
     """The workflow, YAML: tasks with type, settings and inputs; optional mode, group and reserve."""
     group: _builtins.str
@@ -41,9 +44,17 @@ class SubmitRunRequest(_message.Message):
     """A node to reserve for the run; empty for the workflow's or none."""
     request_id: _builtins.str
     """The caller's key for this submission: a retry with the same key by the same identity returns the first run."""
+    reuse: _common_pb2.ReusePolicy.ValueType
+    """Where earlier results may be reused from; UNSPECIFIED for any run the caller may read."""
+    resume_from_run_id: _builtins.str
+    """A run to resume: its results are reused first (NOT_FOUND if there is none)."""
     @_builtins.property
     def snapshots(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Snapshot]:
         """The snapshots of its sources, already in the store; the first is the model."""
+
+    @_builtins.property
+    def rerun(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tasks to compute again even where an earlier result has their key (INVALID_ARGUMENT for an unknown task)."""
 
     def __init__(
         self,
@@ -54,10 +65,13 @@ class SubmitRunRequest(_message.Message):
         mode: _common_pb2.SplitMode.ValueType = ...,
         reserve: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        reuse: _common_pb2.ReusePolicy.ValueType = ...,
+        resume_from_run_id: _builtins.str = ...,
+        rerun: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "mode", b"mode", "request_id", b"request_id", "reserve", b"reserve", "snapshots", b"snapshots", "workflow", b"workflow"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "mode", b"mode", "request_id", b"request_id", "rerun", b"rerun", "reserve", b"reserve", "resume_from_run_id", b"resume_from_run_id", "reuse", b"reuse", "snapshots", b"snapshots", "workflow", b"workflow"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -492,13 +506,24 @@ class EstimateRunRequest(_message.Message):
     WORKFLOW_FIELD_NUMBER: _builtins.int
     SNAPSHOTS_FIELD_NUMBER: _builtins.int
     MODE_FIELD_NUMBER: _builtins.int
+    REUSE_FIELD_NUMBER: _builtins.int
+    RESUME_FROM_RUN_ID_FIELD_NUMBER: _builtins.int
+    RERUN_FIELD_NUMBER: _builtins.int
     workflow: _builtins.str
     """The workflow, YAML."""
     mode: _common_pb2.SplitMode.ValueType
     """The split mode for every task; UNSPECIFIED keeps the workflow's."""
+    reuse: _common_pb2.ReusePolicy.ValueType
+    """Where earlier results may be reused from, as in SubmitRunRequest."""
+    resume_from_run_id: _builtins.str
+    """A run to resume, as in SubmitRunRequest."""
     @_builtins.property
     def snapshots(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Snapshot]:
         """The snapshots of its sources; the first is the model."""
+
+    @_builtins.property
+    def rerun(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tasks to compute again, as in SubmitRunRequest."""
 
     def __init__(
         self,
@@ -506,10 +531,13 @@ class EstimateRunRequest(_message.Message):
         workflow: _builtins.str = ...,
         snapshots: _abc.Iterable[_common_pb2.Snapshot] | None = ...,
         mode: _common_pb2.SplitMode.ValueType = ...,
+        reuse: _common_pb2.ReusePolicy.ValueType = ...,
+        resume_from_run_id: _builtins.str = ...,
+        rerun: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "snapshots", b"snapshots", "workflow", b"workflow"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["mode", b"mode", "rerun", b"rerun", "resume_from_run_id", b"resume_from_run_id", "reuse", b"reuse", "snapshots", b"snapshots", "workflow", b"workflow"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -525,6 +553,7 @@ class TaskEstimate(_message.Message):
     PLAN_FIELD_NUMBER: _builtins.int
     RESOURCES_FIELD_NUMBER: _builtins.int
     SECONDS_FIELD_NUMBER: _builtins.int
+    REUSED_FROM_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Id of the task."""
     seconds: _builtins.float
@@ -537,6 +566,10 @@ class TaskEstimate(_message.Message):
     def resources(self) -> _common_pb2.ResolvedResources:
         """Its resolved resources."""
 
+    @_builtins.property
+    def reused_from(self) -> _common_pb2.ReusedFrom:
+        """The earlier task it would reuse; absent if it would be computed."""
+
     def __init__(
         self,
         *,
@@ -544,10 +577,11 @@ class TaskEstimate(_message.Message):
         plan: _common_pb2.TaskPlan | None = ...,
         resources: _common_pb2.ResolvedResources | None = ...,
         seconds: _builtins.float | None = ...,
+        reused_from: _common_pb2.ReusedFrom | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seconds", b"_seconds", "plan", b"plan", "resources", b"resources", "seconds", b"seconds"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seconds", b"_seconds", "plan", b"plan", "resources", b"resources", "reused_from", b"reused_from", "seconds", b"seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seconds", b"_seconds", "plan", b"plan", "resources", b"resources", "seconds", b"seconds", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seconds", b"_seconds", "plan", b"plan", "resources", b"resources", "reused_from", b"reused_from", "seconds", b"seconds", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seconds: _TypeAlias = _typing.Literal["seconds"]  # noqa: Y015
     _WhichOneofArgType__seconds: _TypeAlias = _typing.Literal["_seconds", b"_seconds"]  # noqa: Y015

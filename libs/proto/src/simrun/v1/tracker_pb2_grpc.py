@@ -97,7 +97,7 @@ class RunTrackerServiceServicer:
     """
 
     def SubmitRun(self, request, context):
-        """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot, UNAUTHENTICATED without a known token.
+        """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot or run to resume, UNAUTHENTICATED without a known token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

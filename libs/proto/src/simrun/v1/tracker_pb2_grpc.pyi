@@ -34,7 +34,7 @@ class RunTrackerServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RunTrackerServiceAsyncStub: ...
     SubmitRun: _grpc.UnaryUnaryMultiCallable[_tracker_pb2.SubmitRunRequest, _tracker_pb2.SubmitRunResponse]
-    """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot, UNAUTHENTICATED without a known token."""
+    """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot or run to resume, UNAUTHENTICATED without a known token."""
     GetRun: _grpc.UnaryUnaryMultiCallable[_tracker_pb2.GetRunRequest, _tracker_pb2.GetRunResponse]
     """Gets a run. Returns NOT_FOUND when it does not exist."""
     ListRuns: _grpc.UnaryUnaryMultiCallable[_tracker_pb2.ListRunsRequest, _tracker_pb2.ListRunsResponse]
@@ -62,7 +62,7 @@ class RunTrackerServiceAsyncStub(RunTrackerServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     SubmitRun: _aio.UnaryUnaryMultiCallable[_tracker_pb2.SubmitRunRequest, _tracker_pb2.SubmitRunResponse]  # type: ignore[assignment]
-    """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot, UNAUTHENTICATED without a known token."""
+    """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot or run to resume, UNAUTHENTICATED without a known token."""
     GetRun: _aio.UnaryUnaryMultiCallable[_tracker_pb2.GetRunRequest, _tracker_pb2.GetRunResponse]  # type: ignore[assignment]
     """Gets a run. Returns NOT_FOUND when it does not exist."""
     ListRuns: _aio.UnaryUnaryMultiCallable[_tracker_pb2.ListRunsRequest, _tracker_pb2.ListRunsResponse]  # type: ignore[assignment]
@@ -93,7 +93,7 @@ class RunTrackerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _tracker_pb2.SubmitRunRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_tracker_pb2.SubmitRunResponse, _abc.Awaitable[_tracker_pb2.SubmitRunResponse]]:
-        """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot, UNAUTHENTICATED without a known token."""
+        """Submits a workflow: validates it, resolves and plans its tasks, records the run as SUBMITTING and returns at once. Returns INVALID_ARGUMENT for a bad workflow, FAILED_PRECONDITION for a task that fits no node or a taken reservation, NOT_FOUND for an unknown snapshot or run to resume, UNAUTHENTICATED without a known token."""
 
     @_abc_1.abstractmethod
     def GetRun(

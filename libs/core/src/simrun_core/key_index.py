@@ -1,0 +1,151 @@
+"""The index of task keys beside the store: which earlier task of which run had a key, to find results to reuse.
+
+The run records are the source of truth: the index is rebuilt from them at start and told of every task that
+ends; what it finds is checked against the store (the record and the outputs) before it is used, so a stale row
+is a miss. A SQLite file without WAL (the store may be NFS, where WAL does not work), or in memory.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import RunRecord, TaskRecord, TaskState
+
+from simrun_core.identity import Identity
+from simrun_core.reuse import ReusePolicy, done_units, may_reuse, outputs_complete, principal
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS task_keys (
+    key TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    state TEXT NOT NULL,
+    split INTEGER NOT NULL,
+    ended_at TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (run_id, task_id)
+);
+CREATE INDEX IF NOT EXISTS task_keys_by_key ON task_keys (key, ended_at);
+"""
+
+
+_REUSABLE_STATES = (TaskState.SUCCEEDED.value, TaskState.FAILED.value, TaskState.CANCELLED.value)
+
+
+@dataclass(frozen=True)
+class ReuseSource:
+    """An earlier task to reuse: its whole outputs (`units` None) or the done units of its ledger."""
+
+    run_id: str
+    task_id: str
+    units: list[int] | None = None
+
+    @property
+    def partial(self) -> bool:
+        return self.units is not None
+
+
+class KeyIndex:
+    """Task keys of the store's runs; thread-safe (one connection, one lock)."""
+
+    def __init__(self, store: StoreLayout, path: Path | str = ":memory:") -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        # A cache rebuilt at start needs no durability: a rollback journal without fsync (WAL fails on NFS).
+        self._db.execute("PRAGMA journal_mode=DELETE")
+        self._db.execute("PRAGMA synchronous=OFF")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def rebuild(self, records: Iterable[RunRecord]) -> int:
+        """Replaces the index with the keys of `records` (every run of the store); returns the rows."""
+        rows = [row for record in records for row in _rows(record)]
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM task_keys")
+            self._db.executemany("INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.execute("COMMIT")
+        return len(rows)
+
+    def update(self, record: RunRecord) -> None:
+        """Records the keys and states of one run's tasks as they are now (a task ended, a run was submitted)."""
+        rows = list(_rows(record))
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM task_keys WHERE run_id = ?", (record.run_id,))
+            self._db.executemany("INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.execute("COMMIT")
+
+    def find(
+        self,
+        key: str,
+        caller: Identity,
+        policy: ReusePolicy = ReusePolicy.ANY,
+        resume_from: str | None = None,
+        exclude_run: str | None = None,
+        load: Callable[[str], RunRecord | None] | None = None,
+    ) -> ReuseSource | None:
+        """The earlier task to reuse for `key`, or None (a miss).
+
+        The newest succeeded task with complete outputs wins (the run resumed first); without one, a split task
+        that failed or was cancelled with done units gives those units. Only runs `caller` may reuse count, and
+        with `SAME_RUN` only `resume_from`. Each candidate is checked against its record (`load`, by default
+        read from the store) and its files.
+        """
+        if policy is ReusePolicy.NEVER or (policy is ReusePolicy.SAME_RUN and not resume_from):
+            return None
+        query = "SELECT run_id, task_id, state, split FROM task_keys WHERE key = ?"
+        parameters: tuple[str, ...] = (key,)
+        if not caller.is_owner:
+            query += " AND principal = ?"
+            parameters += (principal(caller),)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY ended_at DESC", parameters).fetchall()
+        candidates = [row for row in rows if row[0] != exclude_run]
+        if policy is ReusePolicy.SAME_RUN:
+            candidates = [row for row in candidates if row[0] == resume_from]
+        elif resume_from:
+            candidates.sort(key=lambda row: row[0] != resume_from)  # stable: the resumed run first
+        load = load or self._load
+        partial: ReuseSource | None = None
+        for run_id, task_id, state, split in candidates:
+            if state not in _REUSABLE_STATES:
+                continue
+            record = load(run_id)
+            task = record.tasks.get(task_id) if record is not None else None
+            if record is None or task is None or task.key != key or not may_reuse(caller, record.identity):
+                continue
+            layout = self._store.run(run_id).task(task_id)
+            if task.state is TaskState.SUCCEEDED and outputs_complete(layout):
+                return ReuseSource(run_id, task_id)
+            if partial is None and split and task.state in (TaskState.FAILED, TaskState.CANCELLED):
+                units = done_units(layout)
+                if units:
+                    partial = ReuseSource(run_id, task_id, units)
+        return partial
+
+    def _load(self, run_id: str) -> RunRecord | None:
+        try:
+            return RunRecord.load(self._store.run(run_id))
+        except (OSError, ValueError):
+            return None
+
+
+def _rows(record: RunRecord) -> Iterable[tuple[str, str, str, str, str, int, str]]:
+    for task in record.tasks.values():
+        if task.key:
+            yield _row(record, task)
+
+
+def _row(record: RunRecord, task: TaskRecord) -> tuple[str, str, str, str, str, int, str]:
+    ended = (task.ended_at or record.ended_at or record.updated_at).isoformat()
+    who = principal(record.identity)
+    return (task.key or "", record.run_id, task.task_id, who, task.state.value, int(task.split), ended)

@@ -1,0 +1,288 @@
+"""Reuse of earlier results: the task key, who may reuse whose results, and putting earlier results in a new run.
+
+A task key is right by construction: the SHA-256 of the task's type, its settings as the type's Settings model
+dumps them with defaults filled in (canonical JSON), the content id of every snapshot of the run, the environment,
+the keys of the upstream tasks per input port (with the port they read), and whether it is split. Pods and split
+mode stay out: results do not depend on them. Every key is known at submission.
+
+A reused task hard-links the earlier outputs into the new run, read-only (they survive the deletion of the earlier
+run); a split task whose earlier run failed or was cancelled seeds its new ledger with the earlier done units, so
+only the missing ones are computed. A source that is missing or not merged is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from simrun_runtime.layout import TaskLayout
+from simrun_runtime.ledger import Ledger, LedgerError, create_ledger
+from simrun_runtime.record import Identity as RecordIdentity
+
+from simrun_core.errors import InvalidArgument
+from simrun_core.identity import Identity
+
+KEY_VERSION = 1
+"""Part of every key: a change of what a key covers gives every task a new key, never a wrong hit."""
+
+SEED_WORKER = "seed"
+"""The worker name under which seeded units are claimed and marked done in a new ledger."""
+
+_READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+
+
+class ReusePolicy(StrEnum):
+    """Where a submission may take earlier results from (`simrun submit --reuse`)."""
+
+    NEVER = "never"
+    SAME_RUN = "same-run"
+    """Only from the run it resumes (`--resume-from`, `simrun resume`)."""
+    ANY = "any"
+    """From any run the submitter may read (the default)."""
+
+    @classmethod
+    def parse(cls, value: str | None) -> ReusePolicy:
+        if not value:
+            return cls.ANY
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            raise InvalidArgument(f"unknown reuse {value!r}: use never, same-run or any") from None
+
+
+@dataclass(frozen=True)
+class KeyInputs:
+    """What a task key is made of, for one task."""
+
+    type: str
+    settings: Mapping[str, Any]
+    """The settings as the type's Settings model dumps them, defaults filled in (`TypeDescription.settings`)."""
+    inputs: Mapping[str, str]
+    """input port -> `<upstream task>.<port>`."""
+    split: bool
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys, no whitespace and no NaN: one text for one value."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def snapshot_key(listing: Mapping[str, Any], workflow_text: str | None = None) -> str:
+    """The content id of a snapshot for task keys, from its listing (`<snapshot_id>.files.json`), without the
+    workflow file: the workflow's settings and wiring are in every key already, so changing one task's setting
+    in a workflow kept in the model's tree must not change the keys of the others.
+
+    A file whose content is the workflow text is left out; everything else counts: path, content, executable
+    bit, symlink target.
+    """
+    skip = hashlib.sha256(workflow_text.encode()).hexdigest() if workflow_text is not None else None
+    executable = set(listing.get("executable", ()))
+    symlinks = dict(listing.get("symlinks", {}))
+    digest = hashlib.sha256(f"snapshot-key {KEY_VERSION}\n".encode())
+    for path, sha256 in sorted(dict(listing.get("files", {})).items()):
+        if sha256 == skip and path not in symlinks:
+            continue
+        kind = "l" if path in symlinks else ("x" if path in executable else "f")
+        digest.update(f"{path}\0{kind}\0{sha256}\0{symlinks.get(path, '')}\n".encode())
+    return digest.hexdigest()
+
+
+def task_key(
+    task: KeyInputs, snapshot_ids: Iterable[str], environment: str | None, upstream_keys: Mapping[str, str]
+) -> str:
+    """The key of one task, given the keys of the tasks it reads (`upstream_keys`: task id -> key).
+
+    Raises:
+        KeyError: an input reads a task whose key is not in `upstream_keys`.
+    """
+    inputs = {}
+    for port, ref in task.inputs.items():
+        upstream, _, upstream_port = ref.partition(".")
+        inputs[port] = {"key": upstream_keys[upstream], "port": upstream_port}
+    material = {
+        "version": KEY_VERSION,
+        "type": task.type,
+        "settings": task.settings,
+        "snapshots": list(snapshot_ids),
+        "environment": environment or "",
+        "inputs": inputs,
+        "split": task.split,
+    }
+    return hashlib.sha256(canonical_json(material).encode()).hexdigest()
+
+
+def task_keys(
+    order: Iterable[str], tasks: Mapping[str, KeyInputs], snapshot_ids: Iterable[str], environment: str | None
+) -> dict[str, str]:
+    """The key of every task, in `order` (upstream tasks first, as the workflow's order is)."""
+    snapshots = list(snapshot_ids)
+    keys: dict[str, str] = {}
+    for task_id in order:
+        keys[task_id] = task_key(tasks[task_id], snapshots, environment, keys)
+    return keys
+
+
+def principal(identity: Identity | RecordIdentity) -> str:
+    """The person an identity stands for: the person themselves, or the one an agent acts for."""
+    return identity.on_behalf_of or identity.name
+
+
+def may_reuse(caller: Identity, source: RecordIdentity) -> bool:
+    """Whether `caller` may reuse the results of a run `source` submitted: the cluster's owner may read every
+    run; anyone else the runs of the same person (theirs and their agents'). An agent never reuses another
+    person's run."""
+    return caller.is_owner or principal(caller) == principal(source)
+
+
+def reuse_message(run_id: str, task_id: str, units: int | None = None) -> str:
+    """What `simrun status` shows of a reused task (or one whose ledger was seeded)."""
+    if units is None:
+        return f"reused from run {run_id} task {task_id}"
+    return f"{units} units reused from run {run_id} task {task_id}"
+
+
+def outputs_complete(task: TaskLayout) -> bool:
+    """The task's outputs are whole: its merge marker (written last by a merge or an unsplit task) is there."""
+    return task.merge_marker.is_file()
+
+
+def link_outputs(source: TaskLayout, dest: TaskLayout) -> bool:
+    """Hard-links the complete outputs of `source` into `dest` (`out/`, built aside and renamed into place), and
+    makes them read-only. Returns False (a miss) when `source` has no complete outputs or `dest` has some already.
+
+    Raises:
+        OSError: the store cannot hard-link (another file system), or another failure of the store.
+    """
+    if not outputs_complete(source) or dest.out.exists():
+        return False
+    dest.root.mkdir(parents=True, exist_ok=True)
+    building = dest.out_building(uuid.uuid4().hex[:12])
+    try:
+        _link_tree(source.out, building)
+        os.rename(building, dest.out)
+    except FileNotFoundError:
+        # The source went away while it was linked (a deleted run): a miss.
+        shutil.rmtree(building, ignore_errors=True)
+        return False
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return True
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """`dest` as a tree of hard links to the files of `source`, each made read-only (as snapshots are)."""
+    dest.mkdir()
+    for root, dirs, files in os.walk(source):
+        relative = Path(root).relative_to(source)
+        for name in dirs:
+            (dest / relative / name).mkdir()
+        for name in files:
+            origin = Path(root) / name
+            if origin.is_symlink():
+                os.symlink(os.readlink(origin), dest / relative / name)
+                continue
+            mode = origin.stat().st_mode
+            if mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+                os.chmod(origin, mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) | _READ_ONLY)
+            os.link(origin, dest / relative / name)
+
+
+def done_units(source: TaskLayout) -> list[int]:
+    """The units of `source`'s ledger that are done (their results are in place before the done rename); none
+    without a ledger."""
+    ledger = Ledger.of(source)
+    if not ledger.exists():
+        return []
+    try:
+        return [index for first, last in ledger.done().ranges() for index in range(first, last + 1)]
+    except (FileNotFoundError, LedgerError):
+        return []
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Sorted indices as maximal runs of consecutive ones, (first, last) both included."""
+    runs: list[tuple[int, int]] = []
+    for index in indices:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1] = (runs[-1][0], index)
+        else:
+            runs.append((index, index))
+    return runs
+
+
+def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
+    """Creates `dest`'s ledger of `count` units with the units done in `source` already done: their values
+    copied into a log of the new ledger and their files hard-linked; only the others stay pending. Returns how
+    many units were seeded (0: a miss, nothing created).
+
+    Safe because a unit's result depends on the settings, its index, the code and the environment only, which is
+    the task key; the caller checks the keys are equal. Goes through the runtime's own ledger (create, claim,
+    split, append values, place results, mark done, release), so the ledger stays in the runtime's layout.
+    """
+    units = [index for index in done_units(source) if index < count]
+    if not units or Ledger.of(dest).exists():
+        return 0
+    source_ledger = Ledger.of(source)
+    values, covered = source_ledger.values()
+    dest.root.mkdir(parents=True, exist_ok=True)
+    create_ledger(dest, count)
+    ledger = Ledger.of(dest)
+    log = ledger.layout.values_log(SEED_WORKER, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    seeded_runs = _runs(units)
+    seeded = 0
+    for pending in ledger.pending_ranges():
+        if not ledger.claim(pending, SEED_WORKER):
+            continue
+        # Cut the claim at every edge of a seeded run inside it; seeded pieces are done, the rest given back.
+        edges = sorted(
+            {edge for first, last in seeded_runs for edge in (first, last + 1) if pending.first < edge <= pending.last}
+        )
+        pieces = []
+        rest = pending
+        for at in edges:
+            split = ledger.split(rest, SEED_WORKER, at)
+            if split is None:
+                break
+            pieces.append(split[0])
+            rest = split[1]
+        pieces.append(rest)
+        for piece in pieces:
+            if any(first <= piece.first and piece.last <= last for first, last in seeded_runs):
+                seeded += _seed_piece(ledger, source_ledger, piece, values, covered, log)
+            else:
+                ledger.release(piece, SEED_WORKER)
+    return seeded
+
+
+def _seed_piece(ledger: Ledger, source: Ledger, piece: Any, values: list[Any], covered: Any, log: Path) -> int:
+    """Puts one claimed piece's earlier results in place and marks it done; the number of units it holds."""
+    if all(index in covered for index in piece.indices()):
+        ledger.append_values(log, piece, values[piece.first : piece.last + 1])
+    for index in piece.indices():
+        if source.has_result(index):
+            tmp = ledger.layout.result_tmp(index, SEED_WORKER, os.getpid())
+            try:
+                _link_tree(source.layout.result(index), tmp)
+            except FileNotFoundError:
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            ledger.place_result(tmp, index)
+    return piece.last - piece.first + 1 if ledger.mark_done(piece, SEED_WORKER) else 0
+
+
+def seeded_count(dest: TaskLayout) -> int:
+    """Units of `dest`'s ledger that are done (after seeding: the ones a new run need not compute)."""
+    try:
+        return Ledger.of(dest).done_count()
+    except (FileNotFoundError, LedgerError):
+        return 0

@@ -1,0 +1,301 @@
+"""Reuse's pure parts on real files: task keys, who may reuse, hard-linked outputs, seeded ledgers, the key index."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+from simrun_core.errors import InvalidArgument
+from simrun_core.identity import Identity, IdentityKind, Priority
+from simrun_core.key_index import KeyIndex, ReuseSource
+from simrun_core.reuse import (
+    KeyInputs,
+    ReusePolicy,
+    link_outputs,
+    may_reuse,
+    reuse_message,
+    seed_ledger,
+    snapshot_key,
+    task_keys,
+)
+from simrun_runtime.layout import StoreLayout, TaskLayout
+from simrun_runtime.ledger import Ledger, UnitRange, create_ledger
+from simrun_runtime.record import Identity as RecordIdentity
+from simrun_runtime.record import RunRecord, RunState, TaskRecord, TaskState
+
+ALICE = Identity("alice", IdentityKind.OWNER, Priority.OWNER)
+BOB = Identity("bob", IdentityKind.PERSON, Priority.STANDARD)
+BOB_AGENT = Identity("bob-agent", IdentityKind.AGENT, Priority.AGENT, on_behalf_of="bob")
+CAROL_AGENT = Identity("carol-agent", IdentityKind.AGENT, Priority.AGENT, on_behalf_of="carol")
+
+
+def record_identity(identity: Identity) -> RecordIdentity:
+    return RecordIdentity(
+        name=identity.name,
+        kind=identity.kind.value,
+        on_behalf_of=identity.on_behalf_of,
+        priority=identity.priority.value,
+    )
+
+
+class ScanSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    units: int = 100
+    seed: int = 1
+
+
+def workflow(scan: dict | None = None, fit: dict | None = None, port: str = "samples") -> dict[str, KeyInputs]:
+    return {
+        "scan": KeyInputs("m.tasks:Scan", ScanSettings(**(scan or {})).model_dump(mode="json"), {}, True),
+        "fit": KeyInputs("m.tasks:Fit", fit or {"order": 2}, {"data": f"scan.{port}"}, False),
+    }
+
+
+def keys(tasks: dict[str, KeyInputs], snapshots: tuple[str, ...] = ("snap-1",), env: str = "env-1") -> dict[str, str]:
+    return task_keys(["scan", "fit"], tasks, snapshots, env)
+
+
+def test_equal_inputs_give_equal_keys_and_defaults_count_as_given():
+    first = keys(workflow())
+    assert first == keys(workflow({"units": 100}))  # a default given explicitly is the same setting
+    assert first == keys(workflow(fit={"order": 2}))
+    assert len(first["scan"]) == 64 and first["scan"] != first["fit"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda: keys(workflow({"seed": 2})),
+        lambda: keys(workflow(), snapshots=("snap-2",)),
+        lambda: keys(workflow(), snapshots=("snap-1", "data-1")),
+        lambda: keys(workflow(), env="env-2"),
+    ],
+    ids=["setting", "snapshot", "another snapshot", "environment"],
+)
+def test_a_change_upstream_gives_both_tasks_new_keys(change):
+    before, after = keys(workflow()), change()
+    assert before["scan"] != after["scan"]
+    assert before["fit"] != after["fit"]  # an upstream key is part of the key
+
+
+def test_a_downstream_change_keeps_the_upstream_key():
+    before, after = keys(workflow()), keys(workflow(fit={"order": 3}))
+    assert before["scan"] == after["scan"]
+    assert before["fit"] != after["fit"]
+    assert keys(workflow(port="other"))["fit"] != before["fit"]  # the port read is part of it too
+    split = {**workflow(), "fit": KeyInputs("m.tasks:Fit", {"order": 2}, {"data": "scan.samples"}, True)}
+    assert keys(split)["fit"] != before["fit"]
+
+
+def test_who_may_reuse_whose_runs():
+    assert may_reuse(BOB, record_identity(BOB))
+    assert may_reuse(BOB_AGENT, record_identity(BOB))  # an agent, the runs of the person it acts for
+    assert may_reuse(BOB, record_identity(BOB_AGENT))
+    assert may_reuse(ALICE, record_identity(CAROL_AGENT))  # the owner reads every run
+    assert not may_reuse(CAROL_AGENT, record_identity(BOB))
+    assert not may_reuse(BOB_AGENT, record_identity(ALICE))
+
+
+def test_reuse_policy_parses_the_cli_words():
+    assert ReusePolicy.parse(None) is ReusePolicy.ANY
+    assert ReusePolicy.parse("same-run") is ReusePolicy.SAME_RUN
+    with pytest.raises(InvalidArgument, match="use never, same-run or any"):
+        ReusePolicy.parse("sometimes")
+    assert reuse_message("r1", "scan") == "reused from run r1 task scan"
+
+
+def finished_outputs(task: TaskLayout) -> None:
+    (task.out_port("samples") / "deep").mkdir(parents=True)
+    (task.out_port("samples") / "deep" / "a.bin").write_bytes(b"\x00\x01")
+    task.summary.write_text('{"mean": 1.5}')
+    task.merge_marker.write_text("")
+
+
+def test_outputs_are_hard_linked_read_only_and_outlive_their_run(tmp_path):
+    store = StoreLayout(tmp_path)
+    source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
+    finished_outputs(source)
+    assert link_outputs(source, dest)
+    copied = dest.out_port("samples") / "deep" / "a.bin"
+    original = source.out_port("samples") / "deep" / "a.bin"
+    assert copied.read_bytes() == b"\x00\x01"
+    assert os.stat(copied).st_ino == os.stat(original).st_ino
+    assert not os.stat(copied).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+    assert dest.merge_marker.is_file() and dest.summary.read_text() == '{"mean": 1.5}'
+    assert not link_outputs(source, dest)  # outputs in place already
+    for path in sorted(source.root.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    assert copied.read_bytes() == b"\x00\x01"
+    assert not list(dest.root.glob(".out.building-*"))
+
+
+def test_unmerged_or_missing_outputs_are_a_miss(tmp_path):
+    store = StoreLayout(tmp_path)
+    source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
+    assert not link_outputs(source, dest)
+    finished_outputs(source)
+    source.merge_marker.unlink()
+    assert not link_outputs(source, dest)
+    assert not dest.out.exists()
+
+
+def compute(task: TaskLayout, count: int, units: list[int]) -> None:
+    """Units computed as a worker does: claimed, result written and renamed, marked done."""
+    create_ledger(task, count)
+    ledger = Ledger.of(task)
+    for index in units:
+        assert ledger.claim(index, "w0")
+        ledger.write_result(index, "w0", lambda d, i=index: (d / "value.json").write_text(str(i * i)))
+        assert ledger.mark_done(index, "w0")
+
+
+def test_a_seeded_ledger_leaves_only_the_missing_units_pending(tmp_path):
+    store = StoreLayout(tmp_path)
+    source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
+    compute(source, 10, [0, 3, 4, 9])
+    assert seed_ledger(source, dest, 10) == 4
+    ledger = Ledger.of(dest)
+    assert ledger.count == 10 and ledger.done_count() == 4
+    assert ledger.pending_indices() == [1, 2, 5, 6, 7, 8]
+    assert not ledger.has_claims() and ledger.missing() == []
+    assert (ledger.layout.result(3) / "value.json").read_text() == "9"
+    assert (
+        os.stat(ledger.layout.result(3) / "value.json").st_ino
+        == os.stat(Ledger.of(source).layout.result(3) / "value.json").st_ino
+    )
+    claimer = ledger.claimer("w0")
+    claimed = []
+    while (unit := claimer.claim()) is not None:
+        claimed.extend(unit.indices())
+    assert sorted(claimed) == [1, 2, 5, 6, 7, 8]  # a worker computes only what is missing
+    assert seed_ledger(source, dest, 10) == 0  # a ledger is there already
+
+
+def test_a_ledger_of_ranges_is_seeded_with_the_earlier_values(tmp_path):
+    """1,000 units start in ranges of 15: seeded runs cut the ranges; the values come over in a log of the new
+    ledger, as the merge reads them."""
+    store = StoreLayout(tmp_path)
+    source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
+    done = [*range(3, 40), *range(500, 517), 999]
+    create_ledger(source, 1000, block=1)  # the earlier run's units, one entry each, some done
+    ledger = Ledger.of(source)
+    log = ledger.layout.values_log("w0", "1-a")
+    for index in done:
+        assert ledger.claim(index, "w0")
+        ledger.append_values(log, UnitRange.one(index), [index * 10])
+        assert ledger.mark_done(index, "w0")
+    assert seed_ledger(source, dest, 1000) == len(done)
+    seeded = Ledger.of(dest)
+    assert seeded.done_count() == len(done)
+    assert sorted(seeded.pending_indices()) == sorted(set(range(1000)) - set(done))
+    values, covered = seeded.values()
+    assert all(index in covered and values[index] == index * 10 for index in done)
+    assert not seeded.has_claims()
+
+
+def test_a_source_without_done_units_seeds_nothing(tmp_path):
+    store = StoreLayout(tmp_path)
+    source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
+    assert seed_ledger(source, dest, 10) == 0
+    compute(source, 10, [])
+    assert seed_ledger(source, dest, 10) == 0
+    assert not Ledger.of(dest).exists()
+
+
+def save_run(
+    store: StoreLayout,
+    run_id: str,
+    who: Identity,
+    task_state: TaskState,
+    key: str = "k-scan",
+    outputs: bool = True,
+    units: list[int] | None = None,
+) -> RunRecord:
+    record = RunRecord(
+        run_id=run_id,
+        identity=record_identity(who),
+        state=RunState.SUCCEEDED if task_state is TaskState.SUCCEEDED else RunState.FAILED,
+        tasks={"scan": TaskRecord(task_id="scan", type="m:Scan", split=True, units=10, state=task_state, key=key)},
+    )
+    run = store.run(run_id)
+    run.root.mkdir(parents=True)
+    record.save(run)
+    if outputs:
+        finished_outputs(run.task("scan"))
+    if units is not None:
+        compute(run.task("scan"), 10, units)
+    return record
+
+
+def all_records(store: StoreLayout) -> list[RunRecord]:
+    return [RunRecord.load(store.run(p.name)) for p in sorted(store.runs.iterdir())]
+
+
+def test_the_index_finds_the_newest_complete_result_the_caller_may_reuse(tmp_path):
+    store = StoreLayout(tmp_path)
+    save_run(store, "r1-bob", BOB, TaskState.SUCCEEDED)
+    save_run(store, "r2-carol", CAROL_AGENT, TaskState.SUCCEEDED)
+    save_run(store, "r3-bob-unmerged", BOB, TaskState.SUCCEEDED, outputs=False)
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
+    assert index.rebuild(all_records(store)) == 3
+    assert index.find("k-scan", BOB_AGENT) == ReuseSource("r1-bob", "scan")
+    assert index.find("k-scan", CAROL_AGENT) == ReuseSource("r2-carol", "scan")
+    assert index.find("k-scan", BOB, ReusePolicy.NEVER) is None
+    assert index.find("k-scan", BOB, ReusePolicy.SAME_RUN) is None  # nothing resumed
+    assert index.find("k-scan", BOB, ReusePolicy.SAME_RUN, resume_from="r3-bob-unmerged") is None
+    assert index.find("k-scan", BOB, exclude_run="r1-bob") is None
+    assert index.find("k-other", ALICE) is None
+    assert index.find("k-scan", ALICE, resume_from="r2-carol") == ReuseSource("r2-carol", "scan")
+    index.close()
+
+
+def test_the_index_is_rebuilt_from_the_records_and_stale_rows_are_misses(tmp_path):
+    store = StoreLayout(tmp_path)
+    save_run(store, "r1", BOB, TaskState.SUCCEEDED)
+    index = KeyIndex(store)
+    index.rebuild(all_records(store))
+    # The record changed behind the index (another key now): the record wins.
+    record = RunRecord.load(store.run("r1"))
+    record.tasks["scan"].key = "k-new"
+    record.save(store.run("r1"))
+    assert index.find("k-scan", BOB) is None
+    index.update(record)
+    assert index.find("k-new", BOB) == ReuseSource("r1", "scan")
+    # A deleted run is a miss, never an error.
+    for path in sorted(store.run("r1").root.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    assert index.find("k-new", BOB) is None
+
+
+def test_a_failed_split_task_gives_its_done_units(tmp_path):
+    store = StoreLayout(tmp_path)
+    save_run(store, "r1", BOB, TaskState.FAILED, outputs=False, units=[1, 2, 7])
+    save_run(store, "r2", BOB, TaskState.CANCELLED, outputs=False, units=[])
+    index = KeyIndex(store)
+    index.rebuild(all_records(store))
+    assert index.find("k-scan", BOB) == ReuseSource("r1", "scan", [1, 2, 7])
+    assert index.find("k-scan", CAROL_AGENT) is None
+
+
+def test_keys_do_not_depend_on_mapping_order():
+    a = KeyInputs("t", {"x": 1, "y": {"b": 2, "a": 1}}, {}, False)
+    b = KeyInputs("t", {"y": {"a": 1, "b": 2}, "x": 1}, {}, False)
+    assert task_keys(["t"], {"t": a}, ["s"], None) == task_keys(["t"], {"t": b}, ["s"], None)
+
+
+def test_the_workflow_file_is_left_out_of_a_snapshots_key():
+    import hashlib
+
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    listing = {"files": {"model.py": sha("code"), "wf.yaml": sha("tasks: a")}, "executable": [], "symlinks": {}}
+    edited = {**listing, "files": {**listing["files"], "wf.yaml": sha("tasks: b")}}
+    assert snapshot_key(listing, "tasks: a") == snapshot_key(edited, "tasks: b")
+    assert snapshot_key(listing, "tasks: a") != snapshot_key(listing, None)
+    code_edited = {**listing, "files": {**listing["files"], "model.py": sha("code 2")}}
+    assert snapshot_key(code_edited, "tasks: a") != snapshot_key(listing, "tasks: a")
+    made_executable = {**listing, "executable": ["model.py"]}
+    assert snapshot_key(made_executable, "tasks: a") != snapshot_key(listing, "tasks: a")

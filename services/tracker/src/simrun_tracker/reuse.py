@@ -1,0 +1,171 @@
+"""The tracker's use of earlier results: task keys at submission, and reused tasks put in place before pods start.
+
+The decisions are made when a run is planned (at submission, or once its environment is ready), so every key is
+known before any pod starts and an adapter that renders a whole run never sees a reused task.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from simrun_core.errors import InvalidArgument, NotFound, PermissionDenied
+from simrun_core.identity import Identity, IdentityKind, Priority
+from simrun_core.key_index import KeyIndex, ReuseSource
+from simrun_core.reuse import (
+    KeyInputs,
+    ReusePolicy,
+    link_outputs,
+    may_reuse,
+    reuse_message,
+    seed_ledger,
+    snapshot_key,
+    task_keys,
+)
+from simrun_runtime.layout import RunLayout, StoreLayout
+from simrun_runtime.record import Identity as RecordIdentity
+from simrun_runtime.record import ReusedFrom, RunRecord, TaskRecord, TaskState
+
+from simrun_tracker.submission import PlannedTask
+
+
+@dataclass(frozen=True)
+class ReuseRequest:
+    """What a submission asks of reuse: where from, a run it resumes, and tasks to compute again."""
+
+    policy: ReusePolicy = ReusePolicy.ANY
+    resume_from: str = ""
+    rerun: tuple[str, ...] = ()
+
+
+def caller_identity(identity: Identity | RecordIdentity) -> Identity:
+    """The submitter as an `Identity`, also for a run planned later from its record."""
+    if isinstance(identity, Identity):
+        return identity
+    return Identity(identity.name, IdentityKind(identity.kind), Priority(identity.priority), identity.on_behalf_of)
+
+
+def check_request(
+    request: ReuseRequest, task_ids: list[str], caller: Identity, load: Callable[[str], RunRecord]
+) -> None:
+    """Refuses a request naming an unknown task to rerun or a run to resume the caller may not read.
+
+    Raises:
+        InvalidArgument: `--rerun` names a task the workflow does not have, or `same-run` without a run to resume.
+        NotFound: no run `resume_from`.
+        PermissionDenied: the run to resume is another person's.
+    """
+    unknown = sorted(set(request.rerun) - set(task_ids))
+    if unknown:
+        raise InvalidArgument(f"cannot rerun {', '.join(unknown)}: no such task (tasks: {', '.join(task_ids)})")
+    if request.policy is ReusePolicy.SAME_RUN and not request.resume_from:
+        raise InvalidArgument("reuse same-run needs the run to resume: give --resume-from RUN")
+    if request.resume_from:
+        source: RunRecord = load(request.resume_from)  # NotFound for an unknown run
+        if not may_reuse(caller, source.identity):
+            raise PermissionDenied(
+                f"run {request.resume_from} belongs to {source.identity.name}: only they or the owner may resume it"
+            )
+
+
+def snapshot_keys(store: StoreLayout, record: RunRecord) -> list[str]:
+    """The content of each of the run's snapshots as task keys see it (without the workflow file); a snapshot
+    whose listing cannot be read counts by its id."""
+    workflow_text = str(record.workflow.get("text", "")) or None
+    keys = []
+    for snapshot in record.snapshots:
+        try:
+            listing = json.loads(store.snapshot_files(snapshot.name, snapshot.snapshot_id).read_text())
+        except (OSError, ValueError):
+            keys.append(snapshot.snapshot_id)
+            continue
+        keys.append(snapshot_key(listing, workflow_text))
+    return keys
+
+
+def keys_of(store: StoreLayout, record: RunRecord, planned: list[PlannedTask]) -> dict[str, str | None]:
+    """Every task's key (None for a task whose type is not cacheable: a nonce stands in for its key downstream,
+    so nothing that reads it is reused either)."""
+    inputs: dict[str, KeyInputs] = {}
+    for task in planned:
+        description = task.description
+        inputs[task.task_id] = KeyInputs(
+            type=description.type,
+            settings=description.settings or {},
+            inputs=dict(record.tasks[task.task_id].inputs) if task.task_id in record.tasks else {},
+            split=description.split,
+        )
+    order = [task.task_id for task in planned]
+    snapshot_ids = snapshot_keys(store, record)
+    keys: dict[str, str | None] = {}
+    computed = task_keys(order, _with_nonces(inputs, planned), snapshot_ids, record.environment)
+    for task in planned:
+        keys[task.task_id] = computed[task.task_id] if task.description.cacheable else None
+    return keys
+
+
+def _with_nonces(inputs: dict[str, KeyInputs], planned: list[PlannedTask]) -> dict[str, KeyInputs]:
+    uncacheable = {task.task_id for task in planned if not task.description.cacheable}
+    if not uncacheable:
+        return inputs
+    return {
+        task_id: KeyInputs(
+            spec.type,
+            {**spec.settings, "__nonce__": secrets.token_hex(16)} if task_id in uncacheable else spec.settings,
+            spec.inputs,
+            spec.split,
+        )
+        for task_id, spec in inputs.items()
+    }
+
+
+def find_sources(record: RunRecord, index: KeyIndex, request: ReuseRequest, caller: Identity) -> dict[str, ReuseSource]:
+    """The earlier task each of the run's tasks would reuse (tasks without one are left out)."""
+    sources = {}
+    for task in record.tasks.values():
+        if not task.key or task.task_id in request.rerun:
+            continue
+        source = index.find(
+            task.key, caller, request.policy, resume_from=request.resume_from or None, exclude_run=record.run_id
+        )
+        if source is not None and (not source.partial or task.split):
+            sources[task.task_id] = source
+    return sources
+
+
+def apply_reuse(record: RunRecord, run: RunLayout, store: StoreLayout, sources: dict[str, ReuseSource]) -> list[str]:
+    """Puts the earlier results in `run` (the staging folder of a new run, or its folder) and records where they
+    came from: a whole output is hard-linked and its task SUCCEEDED; done units seed a split task's ledger.
+    A source that has gone since it was found is a miss. Returns the tasks reused whole."""
+    reused = []
+    now = datetime.now(UTC)
+    for task_id, source in sources.items():
+        task = record.tasks[task_id]
+        earlier = store.run(source.run_id).task(source.task_id)
+        if not source.partial:
+            if link_outputs(earlier, run.task(task_id)):
+                _reused_whole(task, source, now)
+                reused.append(task_id)
+        elif task.units:
+            seeded = seed_ledger(earlier, run.task(task_id), task.units)
+            if seeded:
+                task.reused_from = ReusedFrom(run_id=source.run_id, task_id=source.task_id, units=seeded)
+    return reused
+
+
+def _reused_whole(task: TaskRecord, source: ReuseSource, now: datetime) -> None:
+    task.state = TaskState.SUCCEEDED
+    task.message = reuse_message(source.run_id, source.task_id)
+    task.reused_from = ReusedFrom(run_id=source.run_id, task_id=source.task_id)
+    task.started_at = task.ended_at = now
+
+
+def load_record(store: StoreLayout, run_id: str) -> RunRecord:
+    """A run's record from the store; `NotFound` when there is none."""
+    run = store.run(run_id)
+    if run_id.startswith(".") or "/" in run_id or not run.record.is_file():
+        raise NotFound(f"no run {run_id!r}: `simrun list` shows the runs")
+    return RunRecord.load(run)
