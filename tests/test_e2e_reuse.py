@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from e2e_support import TOKENS, expected_total, wait_final, write_workflow
 from simrun.v1 import common_pb2
 from simrun_cli.main import cli
-from simrun_core.errors import PermissionDenied
+from simrun_core.errors import NotFound
 from simrun_learner.rules import ObservationKey
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.ledger import Ledger
@@ -158,7 +158,8 @@ def test_an_agent_cannot_reuse_another_persons_run(start_server, client_for, e2e
     assert final.state == common_pb2.RUN_STATE_SUCCEEDED
     assert not any(t.HasField("reused_from") for t in final.tasks)
     assert task(final, "values").key == task(first, "values").key  # the same key: refused by identity alone
-    with pytest.raises(PermissionDenied, match="only they or the owner may resume it"):
+    # The read policy hides Bob's run from Carol's agent: it cannot resume what does not exist for it.
+    with pytest.raises(NotFound, match="no run"):
         carols_agent.resume(first.run_id, model=e2e_model)
     # Bob's own agent reuses Bob's results.
     bobs_agent = client_for(server, "agent")
