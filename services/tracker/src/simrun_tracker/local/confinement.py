@@ -29,6 +29,9 @@ FIXED_VARIABLES = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYT
 
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
+TRACE_VARIABLES = ("TRACEPARENT", "TRACESTATE")
+"""The runtime contract's trace context (the W3C environment carrier): not `SIMRUN_` variables, but the contract's."""
+
 
 class ConfinementMode(StrEnum):
     """How the local executor confines pods: `auto` (Landlock where the kernel has it), `landlock`, or `off`."""
@@ -55,7 +58,9 @@ def pod_environment(
     source = os.environ if server_environ is None else server_environ
     passed = {name: source[name] for name in (*PASSED_VARIABLES, *extra) if name in source}
     passed.setdefault("PATH", DEFAULT_PATH)
-    unexpected = sorted(k for k in contract if not k.startswith("SIMRUN_") and k not in FIXED_VARIABLES)
+    unexpected = sorted(
+        k for k in contract if not k.startswith("SIMRUN_") and k not in FIXED_VARIABLES and k not in TRACE_VARIABLES
+    )
     if unexpected:
         raise ValueError(f"not runtime contract variables: {', '.join(unexpected)}")
     home = str(scratch)
