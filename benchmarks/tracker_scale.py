@@ -42,6 +42,7 @@ from simrun_tracker.executor import PodRole, PodSpec
 from simrun_tracker.local import LocalExecutor
 from simrun_tracker.ports import ServerEnvironments
 from simrun_tracker.tracker import RunTracker
+from tracker_seams import NoLearner
 
 
 def seed(store: StoreLayout, count: int, state: RunState, priority: Priority = Priority.OWNER) -> None:
@@ -168,20 +169,6 @@ def idle_with_queue(root: Path, queued: int, seconds: float, settle_s: float = 1
         return 100.0 * used / (time.monotonic() - start)
     finally:
         tracker.close()
-
-
-class NoLearner:
-    def resolve(self, key: object, hint: ResolvedResources) -> ResolvedResources:
-        return hint
-
-    def record_reports(self, record: object, task_id: str, succeeded: bool) -> int:
-        return 0
-
-    def estimate(self, *args: object) -> float | None:
-        return None
-
-    def close(self) -> None:
-        return None
 
 
 def main() -> None:
