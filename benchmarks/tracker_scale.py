@@ -96,7 +96,10 @@ def list_all(root: Path, count: int) -> tuple[float, float, int]:
 
 
 def submit_concurrently(root: Path, clients: int, per_client: int) -> tuple[float, float, float]:
-    server = start_embedded(config(root, cores=2))
+    cfg = config(root, cores=2)
+    # Every submission counts against the identity's bound of active runs until it ends: lift it for the load.
+    cfg = cfg.model_copy(update={"limits": cfg.limits.model_copy(update={"active_runs_per_identity": 100_000})})
+    server = start_embedded(cfg)
     try:
         model = model_repo(root / "model")
         with Client(server.address, TOKEN) as client:
@@ -136,7 +139,7 @@ def idle_with_queue(root: Path, queued: int, seconds: float, settle_s: float = 1
     node = Node("node-a", cores=2, memory_gb=8)
 
     def launch(spec: PodSpec) -> list[str]:
-        return ["sleep", "600"] if spec.run_id == "blocker" else [sys.executable, "-c", "pass"]
+        return [sys.executable, "-c", "import time; time.sleep(600)" if spec.run_id == "blocker" else "pass"]
 
     executor = LocalExecutor(store.root, launch, [node])  # memory cgroups where the machine has them, as a server
     blocker = PodSpec(
