@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -405,17 +406,9 @@ class RunTracker:
             record.message = f"{CANCELLED_BY}{identity.name}"
             self.runs.save(record, durable=True)
             version = self.runs.version(run_id)
-        deadline = threading.Event()
-        timer = threading.Timer(CANCEL_WAIT_S, deadline.set)
-        timer.start()
-        try:
-            while not deadline.is_set():
-                record = self.runs.get(run_id)
-                if record.state.final:
-                    break
-                version = self.runs.wait(run_id, version, 0.5)
-        finally:
-            timer.cancel()
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while not self.runs.get(run_id).state.final and time.monotonic() < deadline:
+            version = self.runs.wait(run_id, version, deadline - time.monotonic())
         return self.runs.get(run_id)
 
     def _active_runs(self, name: str) -> int:
