@@ -31,6 +31,9 @@ def build(builder: EnvironmentBuilder, kit, refs):  # type: ignore[no-untyped-de
     environment = builder.resolve(refs)
     environment = kit.wait_ready(builder, environment.environment_id)
     assert environment.state is EnvironmentState.READY, environment.message
+    # After READY the build thread records the size and collects (which may rebuild what a test then breaks).
+    for thread in list(builder._threads):
+        thread.join(timeout=60)
     return environment
 
 

@@ -243,11 +243,11 @@ class EnvironmentBuilder:
         meta = _read_json(folder / "environment.json")
         with self._lock:
             build = self._builds.get(environment_id)
-        if meta is not None and is_ready(folder):
-            return self._from_meta(meta, EnvironmentState.READY)
-        if build is not None and not build.done:
+        if build is not None and not build.done:  # READY once this process's build has let go of its folder
             message = build.lines[-1] if build.lines else "waiting for its build to start"
             return self._from_meta(meta or self._pending_meta(environment_id), EnvironmentState.BUILDING, message)
+        if meta is not None and is_ready(folder):
+            return self._from_meta(meta, EnvironmentState.READY)
         failed = _read_json(self.root / "failed" / f"{environment_id}.json")
         if failed is not None:
             return self._from_meta(failed, EnvironmentState.FAILED, failed.get("message", ""))
