@@ -243,11 +243,13 @@ class ClusterSimulator:
         self._release_time = tables.release_time
         self._next_release = 0
 
-        self._state = np.zeros(n, dtype=np.int8)
-        self._machine_of = np.full(n, -1, dtype=np.int64)
-        self._start = np.full(n, np.nan)
-        self._finish = np.full(n, np.nan)
-        self._target = np.zeros(n)  # the machine's virtual clock value at which the process is done
+        # Per process, as Python lists (an element costs less to write than a numpy scalar; the
+        # reports gather them into arrays).
+        self._state = [_UNRELEASED] * n
+        self._machine_of = [-1] * n
+        self._start = [math.nan] * n
+        self._finish = [math.nan] * n
+        self._target = [0.0] * n  # the machine's virtual clock value at which the process is done
 
         self._demand_samples = tables.demand_samples
         self._demand_time = tables.demand_time
@@ -368,40 +370,84 @@ class ClusterSimulator:
             raise ValueError(f"cannot advance to t={time}: the simulator is already at t={self._time}")
         target = min(float(time), self._flow.horizon)
         heap = self._heap
+        heappop = heapq.heappop
         release_time = self._release_time
         release_process = self._release_process
         demand_time = self._demand_time
+        warmup = self._config.warmup
+        complete = self._complete
+        state = self._state
+        fresh = self._fresh
+        p_cpu = self._p_cpu_list
         while True:
             # The next instant: the earliest of the heap, the next demand sample and the next release.
-            now = release_time[self._next_release]
-            if demand_time[self._next_demand] < now:
-                now = demand_time[self._next_demand]
+            next_release = self._next_release
+            next_demand = self._next_demand
+            now = release_time[next_release]
+            if demand_time[next_demand] < now:
+                now = demand_time[next_demand]
             if heap and heap[0][0] < now:
                 now = heap[0][0]
             if not now <= target:
                 break
-            self._integrate(now)
+            # What :meth:`_integrate` does, inline: the costs and the batch CPU used up to now.
+            previous = self._time
+            elapsed = now - previous
+            if elapsed > 0:
+                if self._use_rate_stale:
+                    row = self._use_row_count
+                    if row == _USE_ROWS:
+                        self._flush_use()
+                        row = 0
+                    self._use_rows[row] = self._use
+                    self._use_row_count = row + 1
+                    self._use_rate_stale = False
+                    self._use_steps.append((row, elapsed))
+                elif self._use_row_count:
+                    self._use_steps.append((self._use_row_count - 1, elapsed))
+                else:
+                    self._batch_used += self._batch_use_rate * elapsed
+                counted = now - (previous if previous > warmup else warmup)
+                if counted > 0:
+                    self._shortfall += self._shortfall_rate * counted
+                    self._unfinished += (self._n_queued + self._n_running) * counted
             self._time = now
             handled = self._events
             # At one instant: completions, then allocations (both in the heap, by priority and
             # sequence), then the demand sample, then releases in FIFO order.
             while heap and heap[0][0] == now:
-                _, kind, _, payload = heapq.heappop(heap)
+                _, kind, _, payload = heappop(heap)
                 if kind == _COMPLETION:
-                    self._complete(*payload)  # type: ignore[misc]
+                    complete(*payload)  # type: ignore[misc]
                 else:
                     self._apply(payload)  # type: ignore[arg-type]
-            if demand_time[self._next_demand] == now:
-                self._set_demand(self._next_demand)
-                self._next_demand += 1
-            while release_time[self._next_release] == now:
-                self._release(release_process[self._next_release])
-                self._next_release += 1
-            if self._events == handled:
+            if demand_time[next_demand] == now:
+                self._set_demand(next_demand)
+                self._next_demand = next_demand + 1
+            if release_time[next_release] == now:
+                # Releases, in FIFO order: each process enters the queues in the placement pass
+                # that follows, unless it starts there.
+                first = next_release
+                queued_cpu = self._queued_cpu
+                while release_time[next_release] == now:
+                    i = release_process[next_release]
+                    state[i] = _QUEUED
+                    fresh.append(i)
+                    queued_cpu += p_cpu[i]
+                    next_release += 1
+                count = next_release - first
+                self._next_release = next_release
+                self._queued_cpu = queued_cpu
+                self._events += count
+                self._n_released += count
+                self._n_queued += count
+                self._dirty = True
+            elif self._events == handled:
                 continue  # only superseded completions were due
             if self._dirty:
                 self._schedule()
-            self._update_rates()
+            if self._changed:
+                self._update_rates()
             if on_event is not None:
                 on_event(self.observe(queue_rows=0))
         self._integrate(target)
@@ -446,10 +492,10 @@ class ClusterSimulator:
             KeyError: If the flow has no such process.
         """
         i = self._flow.index_of(name)
-        state = int(self._state[i])
+        state = self._state[i]
         work = self._p_cpu[i] * self._p_duration[i]
         done = float(self._work_done(np.array([i]))[0])
-        machine = int(self._machine_of[i])
+        machine = self._machine_of[i]
         release = float(self._p_release[i])
         if state == _FINISHED:
             lifecycle = ProcessState.FINISHED
@@ -476,11 +522,13 @@ class ClusterSimulator:
 
     def report(self) -> SimulationReport:
         """Totals up to the current time, including the cost terms of the reward."""
-        released = self._state != _UNRELEASED
+        state = np.array(self._state, dtype=np.int8)
+        finish = np.array(self._finish)
+        released = state != _UNRELEASED
         work = self._p_cpu * self._p_duration
         done = self._work_done(np.flatnonzero(released))
-        unfinished = (self._state == _QUEUED) | (self._state == _RUNNING)
-        end = np.where(np.isnan(self._finish), self._time, self._finish)
+        unfinished = (state == _QUEUED) | (state == _RUNNING)
+        end = np.where(np.isnan(finish), self._time, finish)
         flow_time = float((end - self._p_release)[released].sum())
         return SimulationReport(
             time=self._time,
@@ -521,17 +569,6 @@ class ClusterSimulator:
     def _push(self, time: float, priority: int, payload: object) -> None:
         heapq.heappush(self._heap, (time, priority, self._sequence, payload))
         self._sequence += 1
-
-    def _release(self, i: int) -> None:
-        self._events += 1
-        self._state[i] = _QUEUED
-        for queue in self._queues.values():
-            queue.add(i)
-        self._fresh.append(i)
-        self._n_released += 1
-        self._n_queued += 1
-        self._queued_cpu += self._p_cpu_list[i]
-        self._dirty = True
 
     def _set_demand(self, k: int) -> None:
         self._events += 1
@@ -575,24 +612,31 @@ class ClusterSimulator:
         if version != self._version[j]:
             return  # superseded: the machine's rate or next completion changed since it was scheduled
         self._events += 1
-        self._catch_up(j)
+        now = self._time
         virtual = self._virtual[j]
-        slack = 1e-9 * max(1.0, abs(virtual))
+        elapsed = now - self._virtual_at[j]
+        if elapsed > 0:
+            virtual += self._rate[j] * elapsed
+            self._virtual[j] = virtual
+        self._virtual_at[j] = now
+        limit = virtual + 1e-9 * max(1.0, abs(virtual))
         running = self._running[j]
         p_cpu = self._p_cpu_list
         p_memory = self._p_memory_list
+        state = self._state
+        finish = self._finish
         requested = self._requested[j]
         memory_used = self._memory_used[j]
-        first = True
-        while running and (first or running[0][0] <= virtual + slack):
-            first = False
+        finished = 0
+        while running and (not finished or running[0][0] <= limit):
             _, i = heapq.heappop(running)
-            self._state[i] = _FINISHED
-            self._finish[i] = self._time
+            state[i] = _FINISHED
+            finish[i] = now
             requested -= p_cpu[i]
             memory_used -= p_memory[i]
-            self._n_running -= 1
-            self._n_finished += 1
+            finished += 1
+        self._n_running -= finished
+        self._n_finished += finished
         if not running:
             # Reset exactly so rounding does not accumulate over a long run.
             requested = 0.0
@@ -641,12 +685,17 @@ class ClusterSimulator:
             free.rebuild(new_cpu, new_memory)
         else:
             grew = []
+            free_cpu = free.cpu
+            free_memory = free.memory
             for j in stale:
                 cpu = fraction * budget[j] - requested[j]
                 memory = batch_memory[j] - memory_used[j]
-                if cpu > free.cpu[j] or memory > free.memory[j]:
+                old_cpu = free_cpu[j]
+                old_memory = free_memory[j]
+                if cpu > old_cpu or memory > old_memory:
                     grew.append(j)
-                free.set(j, cpu, memory)
+                if cpu != old_cpu or memory != old_memory:
+                    free.set(j, cpu, memory)
         stale.clear()
         return grew
 
@@ -664,10 +713,49 @@ class ClusterSimulator:
             fresh.clear()
             return
         grew = self._refresh_free()
+        limit = self._config.aging_limit
+        if (
+            not len(self._fifo_queue)
+            and len(fresh) <= _LONG_QUEUE
+            and (limit is None or self._time - limit < self._time)
+        ):
+            # Only fresh processes are queued and none is aged: the pass walks them in the queue's
+            # order, and only those that do not start enter the queues.
+            self._place_fresh(fresh)
+            fresh.clear()
+            return
+        queues = self._queues.values()
+        for i in fresh:
+            if self._state[i] == _QUEUED:
+                for queue in queues:
+                    queue.add(i)
         self._place_aged()
         if self._n_queued:
             self._place_queued(fresh, grew)
         fresh.clear()
+
+    def _place_fresh(self, fresh: list[int]) -> None:
+        """The placement pass when the queue holds only ``fresh`` processes (at most :data:`_LONG_QUEUE`)."""
+        if len(fresh) > 1:
+            fresh.sort(key=self._queues[self._order].rank)
+        free = self._free
+        p_cpu = self._p_cpu_list
+        p_memory = self._p_memory_list
+        cpu_bound = free.max_cpu + _TOL
+        memory_bound = free.max_memory + _TOL
+        queues = self._queues.values()
+        for i in fresh:
+            cpu = p_cpu[i]
+            memory = p_memory[i]
+            if cpu <= cpu_bound and memory <= memory_bound:
+                j = free.best_fit(cpu, memory)
+                if j >= 0:
+                    self._start_on(i, j)
+                    cpu_bound = free.max_cpu + _TOL
+                    memory_bound = free.max_memory + _TOL
+                    continue
+            for queue in queues:
+                queue.add(i)
 
     def _place_aged(self) -> None:
         """The aging guard: place the aged processes, oldest first, until one could start but does not fit."""
@@ -774,18 +862,28 @@ class ClusterSimulator:
         self._stale.add(j)
 
     def _place(self, i: int) -> bool:
+        """Start queued process ``i`` on its best-fit machine, if one fits it."""
+        j = self._free.best_fit(self._p_cpu_list[i], self._p_memory_list[i])
+        if j < 0:
+            return False
+        for queue in self._queues.values():
+            queue.remove(i)
+        self._start_on(i, j)
+        return True
+
+    def _start_on(self, i: int, j: int) -> None:
+        """Start process ``i`` (queued, out of the queues) on machine ``j``."""
         cpu = self._p_cpu_list[i]
         memory = self._p_memory_list[i]
         free = self._free
-        j = free.best_fit(cpu, memory)
-        if j < 0:
-            return False
-        self._catch_up(j)
+        now = self._time
+        elapsed = now - self._virtual_at[j]
+        if elapsed > 0:
+            self._virtual[j] += self._rate[j] * elapsed
+        self._virtual_at[j] = now
         target = self._virtual[j] + self._p_duration_list[i]
         heapq.heappush(self._running[j], (target, i))
         self._state[i] = _RUNNING
-        for queue in self._queues.values():
-            queue.remove(i)
         self._machine_of[i] = j
         self._start[i] = self._time
         self._target[i] = target
@@ -802,7 +900,6 @@ class ClusterSimulator:
         self._queued_cpu = self._queued_cpu - cpu if self._n_queued else 0.0
         self._changed.add(j)
         self._touched.add(j)
-        return True
 
     def _catch_up(self, j: int) -> None:
         elapsed = self._time - self._virtual_at[j]
@@ -844,31 +941,45 @@ class ClusterSimulator:
                 if new_j != rate[j]:
                     moved.append(j)
                     new_rates.append(new_j)
+        touched = self._touched
         if moved:
             self._use_rate_stale = True
-        for j, new_j in zip(moved, new_rates, strict=True):
-            # Bring the virtual clock up to now at the old rate before the rate changes.
-            virtual[j] += rate[j] * (now - virtual_at[j])
-            virtual_at[j] = now
-            rate[j] = new_j
-            self._rate_array[j] = new_j
-            self._use[j] = self._requested[j] * new_j
-        # Only machines whose rate or whose earliest-finishing process changed need a new completion.
-        for j in sorted(self._touched.union(moved)):
+            rate_array = self._rate_array
+            use = self._use
+            requested_now = self._requested
+            for j, new_j in zip(moved, new_rates, strict=True):
+                # Bring the virtual clock up to now at the old rate before the rate changes.
+                virtual[j] += rate[j] * (now - virtual_at[j])
+                virtual_at[j] = now
+                rate[j] = new_j
+                rate_array[j] = new_j
+                use[j] = requested_now[j] * new_j
+            touched.update(moved)
+        # Only machines whose rate or whose earliest-finishing process changed need a new completion,
+        # pushed in machine order (their sequence numbers order equal times).
+        scheduled = self._scheduled
+        version = self._version
+        running_on = self._running
+        heap = self._heap
+        for j in sorted(touched) if len(touched) > 1 else touched:
             rate_j = rate[j]
-            running = self._running[j]
+            running = running_on[j]
             top = running[0][0] if running else None
             key = (rate_j, top)
-            if key == self._scheduled[j]:
+            if key == scheduled[j]:
                 continue
-            self._scheduled[j] = key
-            self._version[j] += 1
+            scheduled[j] = key
+            version_j = version[j] = version[j] + 1
             if top is not None and rate_j > 0:
-                self._catch_up(j)
+                elapsed = now - virtual_at[j]
+                if elapsed > 0:
+                    virtual[j] += rate_j * elapsed
+                virtual_at[j] = now
                 finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
-                self._push(finish, _COMPLETION, (j, self._version[j]))
+                heapq.heappush(heap, (finish, _COMPLETION, self._sequence, (j, version_j)))
+                self._sequence += 1
         changed.clear()
-        self._touched.clear()
+        touched.clear()
 
     def _integrate(self, time: float) -> None:
         elapsed = time - self._time
@@ -906,17 +1017,22 @@ class ClusterSimulator:
 
     def _work_done(self, indices: np.ndarray) -> np.ndarray:
         """Core-seconds done by the given processes at the current time."""
-        state = self._state[indices]
+        listed = indices.tolist()
+        state_of = self._state
+        state = np.array([state_of[i] for i in listed], dtype=np.int8)
         cpu = self._p_cpu[indices]
         duration = self._p_duration[indices]
         done = np.where(state == _FINISHED, cpu * duration, 0.0)
         running = state == _RUNNING
         if running.any():
-            machines = self._machine_of[indices[running]]
+            running_listed = indices[running].tolist()
+            machine_of = self._machine_of
+            target = self._target
+            machines = np.array([machine_of[i] for i in running_listed], dtype=np.int64)
             rate = self._rate_array[machines]
             virtual_at = np.array(self._virtual_at)[machines]
             virtual = np.array(self._virtual)[machines] + rate * (self._time - virtual_at)
-            progress = virtual - (self._target[indices[running]] - duration[running])
+            progress = virtual - (np.array([target[i] for i in running_listed]) - duration[running])
             done[running] = cpu[running] * np.clip(progress, 0.0, duration[running])
         return done
 
