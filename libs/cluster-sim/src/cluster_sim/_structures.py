@@ -121,27 +121,30 @@ class MachineIndex:
     The order among machines with equal free CPU does not matter: ties are broken explicitly.
     """
 
-    __slots__ = ("_keys", "_machines", "_max_memory", "cpu", "memory")
+    __slots__ = ("_machines", "_max_memory", "cpu", "keys", "memory")
 
     def __init__(self, cpu: list[float], memory: list[float]) -> None:
         self.cpu: list[float] = []
         self.memory: list[float] = []
-        self._keys: list[float] = []  # free CPU, ascending
+        self.keys: list[float] = []  # free CPU, ascending (read, never written, outside)
         self._machines: list[int] = []  # the machine of each key
         self._max_memory: float | None = None
         self.rebuild(list(cpu), list(memory))
 
-    def rebuild(self, cpu: list[float], memory: list[float]) -> None:
-        """Replace every machine's free CPU and memory (the index keeps the lists it is given)."""
+    def rebuild(self, cpu: list[float], memory: list[float], order: list[int] | None = None) -> None:
+        """Replace every machine's free CPU and memory (the index keeps the lists it is given).
+
+        ``order``, if given, lists the machines sorted by ``cpu`` (in any order among equal values).
+        """
         self.cpu = cpu
         self.memory = memory
-        self._machines = sorted(range(len(cpu)), key=cpu.__getitem__)
-        self._keys = [cpu[j] for j in self._machines]
+        self._machines = sorted(range(len(cpu)), key=cpu.__getitem__) if order is None else order
+        self.keys = [cpu[j] for j in self._machines]
         self._max_memory = None
 
     def set(self, machine: int, cpu: float, memory: float) -> None:
         """Set one machine's free CPU and memory."""
-        keys = self._keys
+        keys = self.keys
         machines = self._machines
         k = bisect_left(keys, self.cpu[machine])
         while machines[k] != machine:
@@ -163,7 +166,7 @@ class MachineIndex:
     @property
     def max_cpu(self) -> float:
         """The most free CPU on any machine."""
-        return self._keys[-1]
+        return self.keys[-1]
 
     @property
     def max_memory(self) -> float:
@@ -175,7 +178,7 @@ class MachineIndex:
 
     def best_fit(self, cpu: float, memory: float) -> int:
         """The best-fit machine for a process asking ``cpu`` and ``memory``, or -1 if none fits."""
-        keys = self._keys
+        keys = self.keys
         machines = self._machines
         free_memory = self.memory
         need_memory = memory - TOL
@@ -188,16 +191,21 @@ class MachineIndex:
                 break
         else:
             return -1
-        cpu_left = round9(keys[k - 1] - cpu)
-        best_memory_left = round9(free_memory[machine] - memory)
+        # round9 inline (a call costs more than the arithmetic): (rint(x × 10⁹) or x × 10⁹ if infinite) / 10⁹.
+        scaled = (keys[k - 1] - cpu) * 1e9
+        cpu_left = (round(scaled) if scaled - scaled == 0.0 else scaled) / 1e9
         best = machine
+        best_memory_left: float | None = None  # computed at the first tie
         # The CPU left over only grows along the keys; the machines that tie on it follow the first fit.
         while k < count:
-            if round9(keys[k] - cpu) != cpu_left:
+            scaled = (keys[k] - cpu) * 1e9
+            if (round(scaled) if scaled - scaled == 0.0 else scaled) / 1e9 != cpu_left:
                 break
             other = machines[k]
             k += 1
             if free_memory[other] >= need_memory:
+                if best_memory_left is None:
+                    best_memory_left = round9(free_memory[best] - memory)
                 memory_left = round9(free_memory[other] - memory)
                 if memory_left < best_memory_left or (memory_left == best_memory_left and other < best):
                     best_memory_left = memory_left

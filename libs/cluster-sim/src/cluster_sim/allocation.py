@@ -111,12 +111,28 @@ def decode_online_action(
     index = int(action)
     if not 0 <= index < len(ONLINE_ACTIONS):
         raise ValueError(f"online action must be in 0..{len(ONLINE_ACTIONS) - 1}, got {action}")
+    return tuple(_online_quota(index, demand, machines).tolist())
+
+
+def _online_quota(index: int, demand: Sequence[float] | np.ndarray, machines: Sequence[Machine]) -> np.ndarray:
+    """The online quota of the (checked) action ``index``, as an array."""
     margin = ONLINE_ACTIONS[index].margin
     if len(demand) != len(machines):
         raise ValueError(f"demand gives {len(demand)} values for {len(machines)} machine(s)")
     # min(demand + margin × cores, cores) per machine, as whole-array float operations.
     cpu = _cores(machines)
-    return tuple(np.minimum(np.asarray(demand, dtype=float) + margin * cpu, cpu).tolist())
+    return np.minimum(np.asarray(demand, dtype=float) + margin * cpu, cpu)
+
+
+_last_quota: tuple[tuple[float, ...], np.ndarray] | None = None
+
+
+def quota_array(allocation: Allocation) -> np.ndarray:
+    """``allocation.online_quota`` as a read-only float array (kept from :func:`decode_actions` for its last result)."""
+    last = _last_quota
+    if last is not None and last[0] is allocation.online_quota:
+        return last[1]
+    return np.array(allocation.online_quota, dtype=float)
 
 
 _last_cores: tuple[Sequence[Machine], np.ndarray] | None = None
@@ -153,9 +169,22 @@ def decode_actions(
     machines: Sequence[Machine],
 ) -> Allocation:
     """One allocation from an online and a batch action, given the current demand per machine."""
+    global _last_quota
     batch = decode_batch_action(batch_action)
-    return Allocation(
-        online_quota=decode_online_action(online_action, demand, machines),
-        queue_order=batch.queue_order,
-        admission_fraction=batch.admission_fraction,
-    )
+    index = int(online_action)
+    if not 0 <= index < len(ONLINE_ACTIONS):
+        raise ValueError(f"online action must be in 0..{len(ONLINE_ACTIONS) - 1}, got {online_action}")
+    quota = _online_quota(index, demand, machines)
+    if not (quota.size and float(np.minimum.reduce(quota)) >= 0.0):
+        # Empty, negative or NaN (the cap at the cores leaves no infinity): the checks say what is wrong.
+        return Allocation(tuple(quota.tolist()), batch.queue_order, batch.admission_fraction)
+    # Every value is a finite float >= 0 and the batch action is a valid table entry: what
+    # ``Allocation.__post_init__`` checks and converts holds already.
+    allocation = object.__new__(Allocation)
+    online_quota = tuple(quota.tolist())
+    object.__setattr__(allocation, "online_quota", online_quota)
+    object.__setattr__(allocation, "queue_order", batch.queue_order)
+    object.__setattr__(allocation, "admission_fraction", batch.admission_fraction)
+    quota.flags.writeable = False
+    _last_quota = (online_quota, quota)
+    return allocation

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cluster_sim._structures import TOL, MachineIndex, OrderedQueue
-from cluster_sim.allocation import Allocation, QueueOrder
+from cluster_sim.allocation import Allocation, QueueOrder, quota_array
 from cluster_sim.models import (
     CostBreakdown,
     ProcessState,
@@ -265,6 +265,7 @@ class ClusterSimulator:
         self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
         self._rate_array = np.ones(m_count)  # the same values, for the sums over machines
+        self._slowed = 0  # machines whose rate is not 1
         self._use = np.zeros(m_count)  # requested × rate per machine: the batch CPU in use, cores
         # Batch CPU in use, summed over machines as numpy sums them, once per batch of states: each
         # state's per-machine values are a row, and each integration step notes its row and length.
@@ -278,6 +279,7 @@ class ClusterSimulator:
         self._touched: set[int] = set()  # machines whose set of running processes changed
         self._free = MachineIndex([0.0] * m_count, self._batch_memory_list)
         self._stale: set[int] = set(range(m_count))  # machines whose entry in _free is out of date
+        self._every = frozenset(range(m_count))
         self._dirty = False
         self._fresh: list[int] = []  # processes released since the last placement pass
 
@@ -573,12 +575,15 @@ class ClusterSimulator:
     def _set_demand(self, k: int) -> None:
         self._events += 1
         demand = self._demand_samples[k]
+        self._demand = demand
         if self._config.borrowing:
-            moved = np.flatnonzero(demand != self._demand).tolist()
+            # Only the machines whose budget changed need new rates and free resources.
+            old = self._budget_array
+            self._set_budget()
+            moved = (self._budget_array != old).nonzero()[0].tolist()
             self._changed.update(moved)
             self._stale.update(moved)
             self._dirty = True
-        self._demand = demand
         offset = k - self._shortfall_from
         ahead = self._shortfall_ahead
         if not 0 <= offset < len(ahead):
@@ -589,23 +594,20 @@ class ClusterSimulator:
             self._shortfall_from = k
             offset = 0
         self._shortfall_rate = ahead[offset]
-        if self._config.borrowing:
-            self._set_budget()
 
     def _apply(self, allocation: Allocation) -> None:
         self._events += 1
-        quota = np.minimum(np.array(allocation.online_quota, dtype=float), self._cpu)
+        quota = np.minimum(quota_array(allocation), self._cpu)
         if self._time >= self._config.warmup:
-            self._quota_change += float(np.abs(quota - self._quota).sum())
+            self._quota_change += float(_add_reduce(np.absolute(quota - self._quota)))
         self._quota = quota
         self._order = QueueOrder(allocation.queue_order)
         self._fraction = allocation.admission_fraction
-        self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
+        self._shortfall_rate = float(_add_reduce(np.maximum(self._demand - self._quota, 0.0)))
         self._shortfall_ahead = []  # computed under the old quota
         self._set_budget()
-        every = range(len(self._cpu_list))
-        self._changed.update(every)
-        self._stale.update(every)
+        self._changed |= self._every
+        self._stale |= self._every
         self._dirty = True
 
     def _complete(self, j: int, version: int) -> None:
@@ -679,10 +681,12 @@ class ClusterSimulator:
         free = self._free
         if len(stale) > _BULK:
             old_cpu, old_memory = free.cpu, free.memory
-            new_cpu = [fraction * b - r for b, r in zip(budget, requested, strict=True)]
+            # The same operations as below, per element (numpy's float64 arithmetic is IEEE's).
+            cpu_array = fraction * self._budget_array - self._requested_array
+            new_cpu = cpu_array.tolist()
             new_memory = [b - u for b, u in zip(batch_memory, memory_used, strict=True)]
             grew = [j for j in stale if new_cpu[j] > old_cpu[j] or new_memory[j] > old_memory[j]]
-            free.rebuild(new_cpu, new_memory)
+            free.rebuild(new_cpu, new_memory, cpu_array.argsort().tolist())
         else:
             grew = []
             free_cpu = free.cpu
@@ -715,7 +719,7 @@ class ClusterSimulator:
         grew = self._refresh_free()
         limit = self._config.aging_limit
         if (
-            not len(self._fifo_queue)
+            not self._fifo_queue.ranks
             and len(fresh) <= _LONG_QUEUE
             and (limit is None or self._time - limit < self._time)
         ):
@@ -739,20 +743,17 @@ class ClusterSimulator:
         if len(fresh) > 1:
             fresh.sort(key=self._queues[self._order].rank)
         free = self._free
+        keys = free.keys
         p_cpu = self._p_cpu_list
         p_memory = self._p_memory_list
-        cpu_bound = free.max_cpu + _TOL
-        memory_bound = free.max_memory + _TOL
         queues = self._queues.values()
         for i in fresh:
             cpu = p_cpu[i]
-            memory = p_memory[i]
-            if cpu <= cpu_bound and memory <= memory_bound:
-                j = free.best_fit(cpu, memory)
+            # The most free CPU bounds what can start; best fit checks the memory itself.
+            if cpu <= keys[-1] + _TOL:
+                j = free.best_fit(cpu, p_memory[i])
                 if j >= 0:
                     self._start_on(i, j)
-                    cpu_bound = free.max_cpu + _TOL
-                    memory_bound = free.max_memory + _TOL
                     continue
             for queue in queues:
                 queue.add(i)
@@ -921,10 +922,14 @@ class ClusterSimulator:
             # Over every machine: one whose budget and requests did not change keeps its rate.
             available = np.maximum(self._budget_array, 0.0)
             requested = self._requested_array
-            new = np.where(requested <= available + _TOL, 1.0, available / np.where(requested > 0, requested, 1.0))
-            differs = new != self._rate_array
-            moved = np.flatnonzero(differs).tolist()
-            new_rates = new[differs].tolist()
+            slowed = requested > available + _TOL  # there requested > 0, as available >= 0
+            if self._slowed or slowed.any():
+                new = np.divide(available, requested, out=np.ones(len(rate)), where=slowed)
+                moved_at = (new != self._rate_array).nonzero()[0]
+                moved = moved_at.tolist()
+                new_rates = new[moved_at].tolist()
+            else:
+                new_rates = []  # every rate is and stays 1
         else:
             budget = self._budget_list
             requested_list = self._requested
@@ -949,8 +954,13 @@ class ClusterSimulator:
             requested_now = self._requested
             for j, new_j in zip(moved, new_rates, strict=True):
                 # Bring the virtual clock up to now at the old rate before the rate changes.
-                virtual[j] += rate[j] * (now - virtual_at[j])
+                old_j = rate[j]
+                virtual[j] += old_j * (now - virtual_at[j])
                 virtual_at[j] = now
+                if old_j == 1.0:
+                    self._slowed += 1
+                elif new_j == 1.0:
+                    self._slowed -= 1
                 rate[j] = new_j
                 rate_array[j] = new_j
                 use[j] = requested_now[j] * new_j
