@@ -131,15 +131,18 @@ class MachineIndex:
         self._max_memory: float | None = None
         self.rebuild(list(cpu), list(memory))
 
-    def rebuild(self, cpu: list[float], memory: list[float], order: list[int] | None = None) -> None:
+    def rebuild(
+        self, cpu: list[float], memory: list[float], order: list[int] | None = None, keys: list[float] | None = None
+    ) -> None:
         """Replace every machine's free CPU and memory (the index keeps the lists it is given).
 
-        ``order``, if given, lists the machines sorted by ``cpu`` (in any order among equal values).
+        ``order``, if given, lists the machines sorted by ``cpu`` (in any order among equal values),
+        and ``keys``, if given, their ``cpu`` in that order.
         """
         self.cpu = cpu
         self.memory = memory
         self._machines = sorted(range(len(cpu)), key=cpu.__getitem__) if order is None else order
-        self.keys = [cpu[j] for j in self._machines]
+        self.keys = [cpu[j] for j in self._machines] if keys is None else keys
         self._max_memory = None
 
     def set(self, machine: int, cpu: float, memory: float) -> None:

@@ -266,6 +266,8 @@ class ClusterSimulator:
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
         self._rate_array = np.ones(m_count)  # the same values, for the sums over machines
         self._slowed = 0  # machines whose rate is not 1
+        self._ones = np.ones(m_count)
+        self._ones.flags.writeable = False
         self._use = np.zeros(m_count)  # requested × rate per machine: the batch CPU in use, cores
         # Batch CPU in use, summed over machines as numpy sums them, once per batch of states: each
         # state's per-machine values are a row, and each integration step notes its row and length.
@@ -581,8 +583,12 @@ class ClusterSimulator:
             old = self._budget_array
             self._set_budget()
             moved = (self._budget_array != old).nonzero()[0].tolist()
-            self._changed.update(moved)
-            self._stale.update(moved)
+            if len(moved) == len(self._every):
+                self._changed |= self._every
+                self._stale |= self._every
+            else:
+                self._changed.update(moved)
+                self._stale.update(moved)
             self._dirty = True
         offset = k - self._shortfall_from
         ahead = self._shortfall_ahead
@@ -664,11 +670,12 @@ class ClusterSimulator:
         self._budget_array = budget
         self._budget_list = budget.tolist()
 
-    def _refresh_free(self) -> list[int]:
+    def _refresh_free(self, grew_needed: bool = True) -> list[int]:
         """Bring the free CPU (admitted minus requested) and memory of the stale machines up to date.
 
         Returns:
-            The machines where either grew since the end of the last placement pass, in no order.
+            The machines where either grew since the end of the last placement pass, in no order
+            (when ``grew_needed``; else the list may be empty whatever grew).
         """
         stale = self._stale
         if not stale:
@@ -680,13 +687,23 @@ class ClusterSimulator:
         memory_used = self._memory_used
         free = self._free
         if len(stale) > _BULK:
-            old_cpu, old_memory = free.cpu, free.memory
-            # The same operations as below, per element (numpy's float64 arithmetic is IEEE's).
+            # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's).
             cpu_array = fraction * self._budget_array - self._requested_array
             new_cpu = cpu_array.tolist()
-            new_memory = [b - u for b, u in zip(batch_memory, memory_used, strict=True)]
-            grew = [j for j in stale if new_cpu[j] > old_cpu[j] or new_memory[j] > old_memory[j]]
-            free.rebuild(new_cpu, new_memory, cpu_array.argsort().tolist())
+            grew = []
+            if grew_needed:
+                old_cpu = free.cpu
+                new_memory = free.memory  # a machine that is not stale has its free memory up to date
+                for j in stale:
+                    memory = batch_memory[j] - memory_used[j]
+                    if new_cpu[j] > old_cpu[j] or memory > new_memory[j]:
+                        grew.append(j)
+                    new_memory[j] = memory
+            else:
+                # The formula gives the free memory of a machine that is not stale again.
+                new_memory = [b - u for b, u in zip(batch_memory, memory_used, strict=True)]
+            order = cpu_array.argsort()
+            free.rebuild(new_cpu, new_memory, order.tolist(), cpu_array[order].tolist())
         else:
             grew = []
             free_cpu = free.cpu
@@ -716,7 +733,6 @@ class ClusterSimulator:
         if self._n_queued == 0:
             fresh.clear()
             return
-        grew = self._refresh_free()
         limit = self._config.aging_limit
         if (
             not self._fifo_queue.ranks
@@ -725,9 +741,11 @@ class ClusterSimulator:
         ):
             # Only fresh processes are queued and none is aged: the pass walks them in the queue's
             # order, and only those that do not start enter the queues.
+            self._refresh_free(grew_needed=False)
             self._place_fresh(fresh)
             fresh.clear()
             return
+        grew = self._refresh_free()
         queues = self._queues.values()
         for i in fresh:
             if self._state[i] == _QUEUED:
@@ -909,8 +927,17 @@ class ClusterSimulator:
         self._virtual_at[j] = self._time
 
     def _update_rates(self) -> None:
+        """New rates on the machines whose budget or requests changed, new completions where needed."""
         changed = self._changed
         if not changed:
+            return
+        if len(changed) == 1 and self._touched <= changed:
+            # The common case, one machine (a process started or finished there), without the sets.
+            (j,) = changed
+            touched = bool(self._touched)
+            changed.clear()
+            self._touched.clear()
+            self._update_rate(j, touched)
             return
         now = self._time
         rate = self._rate
@@ -924,7 +951,7 @@ class ClusterSimulator:
             requested = self._requested_array
             slowed = requested > available + _TOL  # there requested > 0, as available >= 0
             if self._slowed or slowed.any():
-                new = np.divide(available, requested, out=np.ones(len(rate)), where=slowed)
+                new = np.divide(available, requested, out=self._ones.copy(), where=slowed)
                 moved_at = (new != self._rate_array).nonzero()[0]
                 moved = moved_at.tolist()
                 new_rates = new[moved_at].tolist()
@@ -990,6 +1017,49 @@ class ClusterSimulator:
                 self._sequence += 1
         changed.clear()
         touched.clear()
+
+    def _update_rate(self, j: int, touched: bool) -> None:
+        """:meth:`_update_rates` for machine ``j`` alone (``touched``: whether its running processes changed)."""
+        rate = self._rate
+        rate_j = rate[j]
+        available = self._budget_list[j]
+        if not available >= 0.0:
+            available = 0.0
+        requested = self._requested[j]
+        new_j = 1.0 if requested <= available + _TOL else available / (requested if requested > 0 else 1.0)
+        now = self._time
+        virtual = self._virtual
+        virtual_at = self._virtual_at
+        if new_j != rate_j:
+            self._use_rate_stale = True
+            virtual[j] += rate_j * (now - virtual_at[j])
+            virtual_at[j] = now
+            if rate_j == 1.0:
+                self._slowed += 1
+            elif new_j == 1.0:
+                self._slowed -= 1
+            rate[j] = new_j
+            self._rate_array[j] = new_j
+            self._use[j] = requested * new_j
+            rate_j = new_j
+        elif not touched:
+            return
+        running = self._running[j]
+        top = running[0][0] if running else None
+        key = (rate_j, top)
+        if key == self._scheduled[j]:
+            return
+        self._scheduled[j] = key
+        version = self._version
+        version_j = version[j] = version[j] + 1
+        if top is not None and rate_j > 0:
+            elapsed = now - virtual_at[j]
+            if elapsed > 0:
+                virtual[j] += rate_j * elapsed
+            virtual_at[j] = now
+            finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
+            heapq.heappush(self._heap, (finish, _COMPLETION, self._sequence, (j, version_j)))
+            self._sequence += 1
 
     def _integrate(self, time: float) -> None:
         elapsed = time - self._time
