@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import subprocess
 import sys
 
@@ -16,6 +18,7 @@ from cluster_sim import (
     ProcessFlow,
     ProcessState,
     SimulatorConfig,
+    decode_actions,
     synthetic_process_flow,
 )
 
@@ -310,3 +313,25 @@ def test_optional_extras_are_optional(blocked: tuple[str, ...], code: str) -> No
         check=False,
     )
     assert missing.returncode != 0 and "pettingzoo" in missing.stderr
+
+
+def test_a_copy_mid_run_continues_as_the_original() -> None:
+    # The per-machine arrays have numpy views; a copy must make its own views of its own arrays.
+    flow = synthetic_process_flow(seed=5, machines=6, processes=300, horizon=2 * 3600.0)
+    config = SimulatorConfig(borrowing=True)
+    original = ClusterSimulator(flow, config)
+    observation = original.advance(0)
+    for _ in range(40):
+        original.submit(decode_actions(1, 3, observation.demand, flow.machines))
+        observation = original.advance(original.time + config.control_interval)
+    copies = [copy.deepcopy(original), pickle.loads(pickle.dumps(original))]
+    for simulator in [original, *copies]:
+        observation = simulator.observe()
+        while not simulator.done:
+            simulator.submit(decode_actions(2, 5, observation.demand, flow.machines))
+            observation = simulator.advance(simulator.time + config.control_interval)
+    expected = original.report()
+    assert expected.finished > 0
+    for simulator in copies:
+        assert simulator.report() == expected
+        np.testing.assert_array_equal(simulator.observe().batch_cpu_in_use, original.observe().batch_cpu_in_use)
