@@ -128,7 +128,11 @@ _last_quota: tuple[tuple[float, ...], np.ndarray] | None = None
 
 
 def quota_array(allocation: Allocation) -> np.ndarray:
-    """``allocation.online_quota`` as a read-only float array (kept from :func:`decode_actions` for its last result)."""
+    """``allocation.online_quota`` as a float array, not to be written.
+
+    :func:`decode_actions` keeps the array of its last result, so the simulator need not convert
+    the tuple back.
+    """
     last = _last_quota
     if last is not None and last[0] is allocation.online_quota:
         return last[1]
@@ -185,6 +189,5 @@ def decode_actions(
     object.__setattr__(allocation, "online_quota", online_quota)
     object.__setattr__(allocation, "queue_order", batch.queue_order)
     object.__setattr__(allocation, "admission_fraction", batch.admission_fraction)
-    quota.flags.writeable = False
-    _last_quota = (online_quota, quota)
+    _last_quota = (online_quota, quota)  # the array is ours alone: nothing writes to it
     return allocation

@@ -449,7 +449,10 @@ class ClusterSimulator:
             elif self._events == handled:
                 continue  # only superseded completions were due
             if self._dirty:
-                self._schedule()
+                if self._n_queued:
+                    self._schedule()
+                else:
+                    self._dirty = False  # nothing to place (and so nothing fresh)
             if self._changed:
                 self._update_rates()
             if on_event is not None:
