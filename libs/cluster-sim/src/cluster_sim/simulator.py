@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -265,9 +265,7 @@ class ClusterSimulator:
         self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
         self._rate_array = np.ones(m_count)  # the same values, for the sums over machines
-        self._slowed = 0  # machines whose rate is not 1
-        self._ones = np.ones(m_count)
-        self._ones.flags.writeable = False
+        self._slowed: set[int] = set()  # machines whose rate is not 1
         self._use = np.zeros(m_count)  # requested × rate per machine: the batch CPU in use, cores
         # Batch CPU in use, summed over machines as numpy sums them, once per batch of states: each
         # state's per-machine values are a row, and each integration step notes its row and length.
@@ -281,6 +279,7 @@ class ClusterSimulator:
         self._touched: set[int] = set()  # machines whose set of running processes changed
         self._free = MachineIndex([0.0] * m_count, self._batch_memory_list)
         self._stale: set[int] = set(range(m_count))  # machines whose entry in _free is out of date
+        self._memory_stale: set[int] = set(range(m_count))  # those of them whose memory in use changed
         self._every = frozenset(range(m_count))
         self._dirty = False
         self._fresh: list[int] = []  # processes released since the last placement pass
@@ -660,6 +659,7 @@ class ClusterSimulator:
         self._changed.add(j)
         self._touched.add(j)
         self._stale.add(j)
+        self._memory_stale.add(j)
         self._dirty = True
 
     # Placement and rates --------------------------------------------------------------------
@@ -693,18 +693,20 @@ class ClusterSimulator:
             # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's).
             cpu_array = fraction * self._budget_array - self._requested_array
             new_cpu = cpu_array.tolist()
-            grew = []
+            # Only the machines whose memory in use changed have another free memory now.
+            new_memory = free.memory
             if grew_needed:
                 old_cpu = free.cpu
-                new_memory = free.memory  # a machine that is not stale has its free memory up to date
-                for j in stale:
+                grew = [j for j in stale if new_cpu[j] > old_cpu[j]]
+                for j in self._memory_stale:
                     memory = batch_memory[j] - memory_used[j]
-                    if new_cpu[j] > old_cpu[j] or memory > new_memory[j]:
+                    if memory > new_memory[j] and not new_cpu[j] > old_cpu[j]:
                         grew.append(j)
                     new_memory[j] = memory
             else:
-                # The formula gives the free memory of a machine that is not stale again.
-                new_memory = [b - u for b, u in zip(batch_memory, memory_used, strict=True)]
+                grew = []
+                for j in self._memory_stale:
+                    new_memory[j] = batch_memory[j] - memory_used[j]
             order = cpu_array.argsort()
             free.rebuild(new_cpu, new_memory, order.tolist(), cpu_array[order].tolist())
         else:
@@ -721,6 +723,7 @@ class ClusterSimulator:
                 if cpu != old_cpu or memory != old_memory:
                     free.set(j, cpu, memory)
         stale.clear()
+        self._memory_stale.clear()
         return grew
 
     def _schedule(self) -> None:
@@ -917,6 +920,7 @@ class ClusterSimulator:
         self._memory_used[j] += memory
         free.set(j, free.cpu[j] - cpu, free.memory[j] - memory)
         self._stale.add(j)
+        self._memory_stale.add(j)
         self._n_queued -= 1
         self._n_running += 1
         self._queued_cpu = self._queued_cpu - cpu if self._n_queued else 0.0
@@ -948,49 +952,43 @@ class ClusterSimulator:
         virtual_at = self._virtual_at
         moved: list[int] = []
         # Proportional slow-down: every process on the machine gets the same fraction of its request.
+        candidates: Iterable[int] = changed
         if len(changed) > _BULK:
-            # Over every machine: one whose budget and requests did not change keeps its rate.
+            # Over every machine: only one slowed down before or now can have a rate other than 1
+            # (one whose budget and requests did not change keeps its rate).
             available = np.maximum(self._budget_array, 0.0)
-            requested = self._requested_array
-            slowed = requested > available + _TOL  # there requested > 0, as available >= 0
-            if self._slowed or slowed.any():
-                new = np.divide(available, requested, out=self._ones.copy(), where=slowed)
-                moved_at = (new != self._rate_array).nonzero()[0]
-                moved = moved_at.tolist()
-                new_rates = new[moved_at].tolist()
+            slowed = (self._requested_array > available + _TOL).nonzero()[0].tolist()
+            candidates = self._slowed.union(slowed)
+        budget = self._budget_list
+        requested_list = self._requested
+        new_rates = []
+        for j in candidates:
+            available_j = budget[j]
+            if not available_j >= 0.0:
+                available_j = 0.0
+            requested_j = requested_list[j]
+            if requested_j <= available_j + _TOL:
+                new_j = 1.0
             else:
-                new_rates = []  # every rate is and stays 1
-        else:
-            budget = self._budget_list
-            requested_list = self._requested
-            new_rates = []
-            for j in changed:
-                available_j = budget[j]
-                if not available_j >= 0.0:
-                    available_j = 0.0
-                requested_j = requested_list[j]
-                if requested_j <= available_j + _TOL:
-                    new_j = 1.0
-                else:
-                    new_j = available_j / (requested_j if requested_j > 0 else 1.0)
-                if new_j != rate[j]:
-                    moved.append(j)
-                    new_rates.append(new_j)
+                new_j = available_j / (requested_j if requested_j > 0 else 1.0)
+            if new_j != rate[j]:
+                moved.append(j)
+                new_rates.append(new_j)
         touched = self._touched
         if moved:
             self._use_rate_stale = True
             rate_array = self._rate_array
             use = self._use
             requested_now = self._requested
+            slowed_machines = self._slowed
             for j, new_j in zip(moved, new_rates, strict=True):
                 # Bring the virtual clock up to now at the old rate before the rate changes.
-                old_j = rate[j]
-                virtual[j] += old_j * (now - virtual_at[j])
+                virtual[j] += rate[j] * (now - virtual_at[j])
                 virtual_at[j] = now
-                if old_j == 1.0:
-                    self._slowed += 1
-                elif new_j == 1.0:
-                    self._slowed -= 1
+                if new_j == 1.0:
+                    slowed_machines.discard(j)
+                else:
+                    slowed_machines.add(j)
                 rate[j] = new_j
                 rate_array[j] = new_j
                 use[j] = requested_now[j] * new_j
@@ -1037,10 +1035,10 @@ class ClusterSimulator:
             self._use_rate_stale = True
             virtual[j] += rate_j * (now - virtual_at[j])
             virtual_at[j] = now
-            if rate_j == 1.0:
-                self._slowed += 1
-            elif new_j == 1.0:
-                self._slowed -= 1
+            if new_j == 1.0:
+                self._slowed.discard(j)
+            else:
+                self._slowed.add(j)
             rate[j] = new_j
             self._rate_array[j] = new_j
             self._use[j] = requested * new_j
