@@ -116,12 +116,11 @@ def decode_online_action(
 
 def _online_quota(index: int, demand: Sequence[float] | np.ndarray, machines: Sequence[Machine]) -> np.ndarray:
     """The online quota of the (checked) action ``index``, as an array."""
-    margin = ONLINE_ACTIONS[index].margin
     if len(demand) != len(machines):
         raise ValueError(f"demand gives {len(demand)} values for {len(machines)} machine(s)")
     # min(demand + margin × cores, cores) per machine, as whole-array float operations.
-    cpu = _cores(machines)
-    return np.minimum(np.asarray(demand, dtype=float) + margin * cpu, cpu)
+    cpu, margins = _cores(machines)
+    return np.minimum(np.asarray(demand, dtype=float) + margins[index], cpu)
 
 
 _last_quota: tuple[tuple[float, ...], np.ndarray] | None = None
@@ -139,19 +138,24 @@ def quota_array(allocation: Allocation) -> np.ndarray:
     return np.array(allocation.online_quota, dtype=float)
 
 
-_last_cores: tuple[Sequence[Machine], np.ndarray] | None = None
+_last_cores: tuple[Sequence[Machine], tuple[np.ndarray, list[np.ndarray]]] | None = None
 
 
-def _cores(machines: Sequence[Machine]) -> np.ndarray:
-    """The machines' cores as a read-only array, kept for the last sequence asked (one per episode)."""
+def _cores(machines: Sequence[Machine]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The machines' cores and each online action's margin × cores, as read-only arrays.
+
+    Kept for the last sequence asked (one per episode).
+    """
     global _last_cores
     last = _last_cores
     if last is not None and last[0] is machines and isinstance(machines, tuple):
         return last[1]
     cpu = np.array([m.cpu for m in machines], dtype=float)
-    cpu.flags.writeable = False
-    _last_cores = (machines, cpu)
-    return cpu
+    margins = [action.margin * cpu for action in ONLINE_ACTIONS]
+    for array in (cpu, *margins):
+        array.flags.writeable = False
+    _last_cores = (machines, (cpu, margins))
+    return cpu, margins
 
 
 def decode_batch_action(action: int) -> BatchAction:

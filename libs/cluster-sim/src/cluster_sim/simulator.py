@@ -609,10 +609,19 @@ class ClusterSimulator:
         if self._time >= self._config.warmup:
             self._quota_change += float(_add_reduce(np.absolute(quota - self._quota)))
         self._quota = quota
-        self._order = QueueOrder(allocation.queue_order)
+        order = allocation.queue_order  # a QueueOrder since Allocation.__post_init__
+        self._order = order if type(order) is QueueOrder else QueueOrder(order)
         self._fraction = allocation.admission_fraction
-        self._shortfall_rate = float(_add_reduce(np.maximum(self._demand - self._quota, 0.0)))
-        self._shortfall_ahead = []  # computed under the old quota
+        k = self._next_demand - 1  # the demand sample in effect, if any
+        if k >= 0:
+            # The shortfall of it and the next samples under the new quota, as _set_demand computes it.
+            rows = np.maximum(self._demand_samples[k : k + _SHORTFALL_AHEAD] - quota, 0.0)
+            ahead = self._shortfall_ahead = _add_reduce(rows, axis=1).tolist()
+            self._shortfall_from = k
+            self._shortfall_rate = ahead[0]
+        else:
+            self._shortfall_rate = float(_add_reduce(np.maximum(self._demand - quota, 0.0)))
+            self._shortfall_ahead = []  # computed under the old quota
         self._set_budget()
         self._changed |= self._every
         self._stale |= self._every
