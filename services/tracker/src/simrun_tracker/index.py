@@ -142,9 +142,10 @@ class RunIndex:
         return records
 
     def put(self, row: RunRow) -> None:
-        with Session(self._engine) as session:
-            session.merge(row)
-            session.commit()
+        """Inserts or replaces a run's row (one statement: every submission and save of the driver writes one)."""
+        table = SQLModel.metadata.tables[RunRow.__tablename__]
+        with self._engine.begin() as connection:
+            connection.execute(table.insert().prefix_with("OR REPLACE"), row.model_dump())
 
     def rows(
         self, group: str = "", state: str = "", owner: str = "", visible: Visibility | None = None
