@@ -102,8 +102,9 @@ class KeyIndex:
         """
         if policy is ReusePolicy.NEVER or (policy is ReusePolicy.SAME_RUN and not resume_from):
             return None
-        query = "SELECT run_id, task_id, state, split FROM task_keys WHERE key = ?"
-        parameters: tuple[str, ...] = (key,)
+        # Only ended tasks can be reused: the runs still under way with the same key (often many) are not read.
+        query = "SELECT run_id, task_id, state, split FROM task_keys WHERE key = ? AND state IN (?, ?, ?)"
+        parameters: tuple[str, ...] = (key, *_REUSABLE_STATES)
         if not caller.is_owner:
             query += " AND principal = ?"
             parameters += (principal(caller),)
