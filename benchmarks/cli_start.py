@@ -3,7 +3,8 @@
 Each figure is the median wall time of several runs of the real command as a process, printed beside the
 interpreter's own start (`python -c pass`, the baseline measured in the same run) and as a ratio to it.
 `simrun status` asks a real `simrun server` (started here with a fresh home) about a run of the Monte Carlo
-example that has ended, so it imports the client, makes one authenticated call and draws its tables.
+example that has ended, so it imports the client, makes one authenticated call and draws its tables. Beside them,
+the floor of any command that makes a gRPC call from Python: `python -c "import grpc, google.protobuf..."`.
 
 Goal (issue 16): both commands under 0.2 s.
 
@@ -80,6 +81,8 @@ def main() -> None:
                 raise SystemExit(f"the example run failed: {submitted.stderr.strip()}")
             run_id = json.loads(submitted.stdout)["run_id"]
             baseline = median_s([sys.executable, "-c", "pass"], env, args.repeats)
+            # The floor of any Python gRPC client: the two libraries a call cannot do without, and nothing else.
+            floor = median_s([sys.executable, "-c", "import grpc, google.protobuf.descriptor_pool"], env, args.repeats)
             figures = {
                 "simrun --version": median_s([SIMRUN, "--version"], env, args.repeats),
                 f"simrun status {run_id}": median_s([SIMRUN, "status", run_id], env, args.repeats),
@@ -91,6 +94,11 @@ def main() -> None:
     print(
         f"medians of {args.repeats} runs on {os.cpu_count()} cores at load {load:.1f}; "
         f"baseline `python -c pass`: wall {baseline[0]:.3f} s"
+    )
+    floor_name = "python -c 'import grpc, protobuf'"
+    print(
+        f"{floor_name:<40} wall {floor[0]:.3f} s ({floor[0] / baseline[0]:5.1f}x the baseline): "
+        "the floor of a command that makes a gRPC call"
     )
     for name, (wall, cpu) in figures.items():
         verdict = "under" if wall < 0.2 else "over"

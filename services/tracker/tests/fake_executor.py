@@ -60,6 +60,7 @@ class FakeExecutor:
         self._logs: dict[tuple[str, str, str], list[str]] = {}
         self._seq = 0
         self.calls: dict[str, int] = {}
+        self.events_lost = False  # as a broken watch: pods change and nobody is told
 
     # --- the port --------------------------------------------------------------------------------------------
 
@@ -292,6 +293,8 @@ class FakeExecutor:
             self.start_pods(task.pods)
 
     def _notify(self, run_ids: set[str]) -> None:
+        if self.events_lost:
+            return
         for run_id in run_ids:
             for listener in self._listeners:
                 listener(run_id)

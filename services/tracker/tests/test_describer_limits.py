@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,5 +29,34 @@ def test_a_model_whose_import_hangs_fails_once_within_the_limit(tmp_path: Path) 
         assert time.monotonic() - begun < 20
         time.sleep(0.5)
         assert started.read_text() == "x", "the describer started the hanging model a second time"
+    finally:
+        describer.close()
+
+
+def test_concurrent_submissions_of_a_model_get_a_second_describer_and_one_at_a_time_reuse_the_first(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "slowtype.py").write_text(
+        "import os, time\nfrom simrun_runtime.tasktype import TaskSettings, UnsplitTaskType\n"
+        "class Settings(TaskSettings):\n    seconds: float = 0.0\n"
+        "class Task(UnsplitTaskType):\n    Settings = Settings\n"
+        "    def cost_value(self, settings):\n        time.sleep(settings.seconds)\n        return str(os.getpid())\n"
+        "    def run(self, settings, context):\n        return {}\n"
+    )
+    describer = SubprocessDescriber(timeout_s=30, confinement=PodConfinement("off"))
+
+    def pid_of(seconds: float) -> int:
+        request = DescribeRequest(type="slowtype:Task", settings={"seconds": seconds})
+        (response,) = describer.describe(sys.executable, tmp_path, [request])
+        assert response.ok, response.error
+        assert response.description is not None
+        return int(response.description.cost_value or 0)
+
+    try:
+        one_at_a_time = {pid_of(0) for _ in range(3)}
+        assert len(one_at_a_time) == 1
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            at_once = set(pool.map(pid_of, [1.0] * 4))
+        assert len(at_once) == 2 and one_at_a_time < at_once  # two describers at most, the first one among them
     finally:
         describer.close()

@@ -405,3 +405,20 @@ def test_a_slow_executor_does_not_slow_reading_a_run(make_world) -> None:
         world.runs.get("r2")
         slowest = max(slowest, time.monotonic() - began)
     assert slowest < 0.1, f"a read waited {slowest:.3f} s for the driver"
+
+
+def test_the_safety_net_finds_every_lost_event_in_turn_and_visits_a_bounded_share_per_tick(make_world) -> None:
+    config = DriverConfig(backoff_initial_s=0.05, give_up_s=30, tick_s=0.2, safety_visits_per_tick=2)
+    world = make_world(FakeExecutor([Node(f"n{i}", cores=4, memory_gb=16) for i in range(5)]), config=config)
+    runs = [world.submit(task("fit"), run_id=f"r{index}") for index in range(5)]
+    for run_id in runs:
+        world.until(running, run_id=run_id)
+    world.executor.events_lost = True
+    began, steps = time.monotonic(), world.driver.steps
+    time.sleep(1.0)
+    ticks = (time.monotonic() - began) / config.tick_s + 1
+    assert world.driver.steps - steps <= ticks * config.safety_visits_per_tick + 1
+    for run_id in runs:
+        world.executor.exit(run_id, "fit")
+    for run_id in runs:  # only the safety net can see these: 2 a tick, every run in its turn
+        assert world.until(lambda r: r.state.final, run_id=run_id).state == RunState.SUCCEEDED

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from simrun_tracker.local.admission import Placed, Preemption, Slot, Waiting, decide
 
 BASE, EXTRA, LOW_BASE, LOW_EXTRA = 500, 400, 200, 100
@@ -129,3 +131,58 @@ def test_a_run_that_reserves_a_node_selects_it_and_other_runs_avoid_it() -> None
     pending = [waiting("p", BASE, 1, run_id="r1"), waiting("q", BASE, 2, run_id="r1"), waiting("o", BASE, 3)]
     decisions = decide(nodes, [], pending)
     assert decisions.admit == [("p", "b"), ("o", "a")]  # q waits for the reserved node, not the free one
+
+
+PRIORITIES = st.sampled_from([LOW_EXTRA, LOW_BASE, EXTRA, BASE])
+SIZES = st.sampled_from([0.5, 1.0, 2.0, 3.0])
+
+
+@st.composite
+def queues(draw: st.DrawFn) -> tuple[list[Slot], list[Placed], list[Waiting]]:
+    runs = [f"r{i}" for i in range(4)]
+    nodes = [
+        Slot(f"n{i}", draw(SIZES) + 1, draw(SIZES) * 2, draw(st.sampled_from([None, None, "r0"])))
+        for i in range(draw(st.integers(1, 3)))
+    ]
+    running = [
+        placed(
+            f"p{i}",
+            draw(st.sampled_from(nodes)).name,
+            draw(PRIORITIES),
+            i,
+            draw(SIZES),
+            draw(SIZES),
+            run_id=draw(st.sampled_from(runs)),
+            terminating=draw(st.booleans()),
+        )
+        for i in range(draw(st.integers(0, 5)))
+    ]
+    pending = [
+        waiting(
+            f"w{i}",
+            draw(PRIORITIES),
+            100 + i,
+            draw(SIZES),
+            draw(SIZES),
+            run_id=draw(st.sampled_from(runs)),
+            claim=draw(st.sampled_from([None, None, None, *[n.name for n in nodes]])),
+        )
+        for i in range(draw(st.integers(0, 25)))
+    ]
+    return nodes, running, pending
+
+
+@settings(max_examples=400, deadline=None)
+@given(queues())
+def test_passing_over_pods_alike_a_stuck_one_decides_as_evaluating_every_pod(
+    queue: tuple[list[Slot], list[Placed], list[Waiting]],
+) -> None:
+    nodes, running, pending = queue
+    assert decide(nodes, running, pending) == decide(nodes, running, pending, skip_stuck=False)
+
+
+def test_a_queue_of_alike_pods_behind_a_full_node_still_lets_a_smaller_one_in() -> None:
+    nodes = [Slot("a", 2, 8)]
+    running = [placed("holder", "a", BASE, 1, cores=1.5)]
+    pending = [waiting(f"big{i}", BASE, 10 + i, cores=1) for i in range(1000)] + [waiting("small", BASE, 5000, 0.5)]
+    assert decide(nodes, running, pending).admit == [("small", "a")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -179,3 +180,25 @@ def test_pages_follow_the_last_row_of_the_one_before_ties_included(store: StoreL
             reader.page("", "", "", 2, "not-a-token")
     finally:
         runs.close()
+
+
+def test_rows_put_from_many_threads_are_read_at_once_and_kept_across_a_close(
+    tmp_path: Path, store: StoreLayout
+) -> None:
+    path = tmp_path / "runs.sqlite"
+    first = RunIndex(path)
+    records = [save(store, f"r{i:03d}", ALICE, i) for i in range(200)]
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        list(pool.map(lambda record: first.put(row_from_record(record, {})), records))
+    assert len(first.rows()) == 200  # a read sees every row put before it, written or still queued
+    records[0].state = RunState.SUCCEEDED
+    first.put(row_from_record(records[0], {}))
+    assert first.page("", "succeeded", "", None, 10)[0][0] == "r000"
+    records[1].state = RunState.FAILED
+    first.put(row_from_record(records[1], {}))
+    first.close()  # what was queued is written before the database closes
+    second = RunIndex(path)
+    try:
+        assert ids(second.rows(state="failed")) == ["r001"]
+    finally:
+        second.close()

@@ -176,6 +176,12 @@ class DriverConfig(BaseModel):
         description="Seconds between two visits of a run nothing woke: a safety net, since pod changes, "
         "submissions and cancellations wake the driver and it sets timers for what it awaits.",
     )
+    safety_visits_per_tick: int = Field(
+        default=200,
+        gt=0,
+        description="The most runs the safety net visits in one tick; with more active runs it goes round them over "
+        "several ticks, so an idle server's cost does not grow with its queue.",
+    )
 
 
 class ServerConfig(BaseModel):

@@ -76,8 +76,10 @@ class KeyIndex:
         return len(rows)
 
     def update(self, record: RunRecord) -> None:
-        """Records the keys and states of one run's tasks as they are now (a task ended, a run was submitted)."""
+        """Records the keys of one run's ended tasks as they are now (a task ended, a run was submitted)."""
         rows = list(_rows(record))
+        if not rows:  # rows are of ended tasks, which stay ended: a run without one has none to replace either
+            return
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM task_keys WHERE run_id = ?", (record.run_id,))
@@ -102,8 +104,9 @@ class KeyIndex:
         """
         if policy is ReusePolicy.NEVER or (policy is ReusePolicy.SAME_RUN and not resume_from):
             return None
-        query = "SELECT run_id, task_id, state, split FROM task_keys WHERE key = ?"
-        parameters: tuple[str, ...] = (key,)
+        # Only ended tasks can be reused: the runs still under way with the same key (often many) are not read.
+        query = "SELECT run_id, task_id, state, split FROM task_keys WHERE key = ? AND state IN (?, ?, ?)"
+        parameters: tuple[str, ...] = (key, *_REUSABLE_STATES)
         if not caller.is_owner:
             query += " AND principal = ?"
             parameters += (principal(caller),)
@@ -140,8 +143,9 @@ class KeyIndex:
 
 
 def _rows(record: RunRecord) -> Iterable[tuple[str, str, str, str, str, int, str]]:
+    """The rows of a run's keyed tasks that have ended (only those can be reused)."""
     for task in record.tasks.values():
-        if task.key:
+        if task.key and task.state.value in _REUSABLE_STATES:
             yield _row(record, task)
 
 

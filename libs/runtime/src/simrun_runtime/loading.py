@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from collections.abc import Mapping
@@ -104,6 +105,12 @@ class TypeDescription(BaseModel):
     unit_retries: int | None = Field(default=None, description="How often a split type retries a failed unit.")
 
 
+@functools.lru_cache(maxsize=256)
+def _settings_schema(settings: type[BaseModel]) -> dict[str, Any]:
+    """A settings class's JSON schema, made once per class: a long-lived describer is asked at every submission."""
+    return settings.model_json_schema()
+
+
 def describe_type(
     name: str, model_root: Path | str | None = None, settings: Mapping[str, Any] | None = None
 ) -> TypeDescription:
@@ -122,7 +129,7 @@ def describe_type(
         resources=cls.resources,
         cost_setting=cls.cost_setting,
         cacheable=bool(getattr(cls, "cacheable", True)),
-        settings_schema=cls.Settings.model_json_schema(),
+        settings_schema=_settings_schema(cls.Settings),
         command=list(task_type.command) if isinstance(task_type, UnsplitTaskType) and task_type.command else None,
         doc=(cls.__doc__ or "").strip(),
     )

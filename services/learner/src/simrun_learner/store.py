@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Index
-from sqlmodel import Field, Session, SQLModel, col, create_engine, select
+from sqlalchemy import Index, Row
+from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from simrun_learner.rules import Observation, ObservationKey
 
@@ -65,17 +66,17 @@ class ObservationStore:
 
     def of_key(self, key: ObservationKey) -> list[Observation]:
         """Every observation of a key, oldest first (by time, then by the order they were stored)."""
+        table = SQLModel.metadata.tables[ObservationRow.__tablename__]
         query = (
-            select(ObservationRow)
+            table.select()
             .where(
-                ObservationRow.task_type == key.task_type,
-                ObservationRow.model == key.model,
-                ObservationRow.cost_value == key.cost_value,
+                table.c.task_type == key.task_type, table.c.model == key.model, table.c.cost_value == key.cost_value
             )
-            .order_by(col(ObservationRow.observed_at), col(ObservationRow.id))
+            .order_by(table.c.observed_at, table.c.id)
         )
-        with Session(self._engine) as session:
-            return [_observation(row) for row in session.exec(query)]
+        # Plain rows, not ORM objects: every submission reads every observation of its tasks' keys.
+        with self._engine.connect() as connection:
+            return [_observation(row) for row in connection.execute(query)]
 
     def delete_key(self, key: ObservationKey) -> int:
         """Deletes every observation of a key; how many there were."""
@@ -99,7 +100,7 @@ class ObservationStore:
         self._engine.dispose()
 
 
-def _observation(row: ObservationRow) -> Observation:
+def _observation(row: ObservationRow | Row[Any]) -> Observation:
     return Observation(
         key=ObservationKey(row.task_type, row.model, row.cost_value),
         per_worker_gb=row.per_worker_gb,

@@ -46,7 +46,8 @@ class _Process:
 
 
 class SubprocessDescriber:
-    """Keeps one long-lived `python -m simrun_runtime.describe --serve` per (interpreter, model root).
+    """Keeps long-lived `python -m simrun_runtime.describe --serve` processes per (interpreter, model root): one,
+    and up to `per_model` while submissions of the model come at once.
 
     A model root is an immutable snapshot, so what a describer imported from it never goes stale; keeping the
     process makes a submission cost a round trip instead of an interpreter start and the model's imports.
@@ -56,37 +57,55 @@ class SubprocessDescriber:
     """
 
     def __init__(
-        self, max_processes: int = 8, timeout_s: float = 60.0, confinement: PodConfinement | None = None
+        self,
+        max_processes: int = 8,
+        timeout_s: float = 60.0,
+        confinement: PodConfinement | None = None,
+        per_model: int = 2,
     ) -> None:
         # Well under a client's 120 s deadline, so the client hears why instead of `Deadline Exceeded`.
         self._max = max_processes
         self._timeout_s = timeout_s
         self._confinement = confinement or PodConfinement()
+        self._per_model = per_model
         self._lock = threading.Lock()
-        self._processes: OrderedDict[tuple[str, str], _Process] = OrderedDict()
+        self._processes: OrderedDict[tuple[str, str, int], _Process] = OrderedDict()
 
     def describe(self, interpreter: str, model_root: Path, requests: list[DescribeRequest]) -> list[DescribeResponse]:
-        key = (interpreter, str(model_root))
         for attempt in range(2):
-            process = self._process(key)
-            with process.lock:
+            key, process = self._claim(interpreter, str(model_root))
+            try:
                 process.used = time.monotonic()
-                try:
-                    return self._round_trip(process.proc, requests)
-                except _NoAnswer:
-                    # Not tried again: a model whose import hangs would hang again, long after the client left.
-                    self._drop(key, process)
-                    raise FailedPrecondition(
-                        f"the model's task types gave no answer within {self._timeout_s:.0f} s: does importing "
-                        f"the model hang? Try `python -c 'import <module>'` in {model_root}"
-                    ) from None
-                except (BrokenPipeError, OSError, ValueError, EOFError) as exc:
-                    self._drop(key, process)
-                    if attempt:
-                        raise Unavailable(
-                            f"the task type describer for {model_root} failed: {exc}; check that the model imports"
-                        ) from exc
+                return self._round_trip(process.proc, requests)
+            except _NoAnswer:
+                # Not tried again: a model whose import hangs would hang again, long after the client left.
+                self._drop(key, process)
+                raise FailedPrecondition(
+                    f"the model's task types gave no answer within {self._timeout_s:.0f} s: does importing "
+                    f"the model hang? Try `python -c 'import <module>'` in {model_root}"
+                ) from None
+            except (BrokenPipeError, OSError, ValueError, EOFError) as exc:
+                self._drop(key, process)
+                if attempt:
+                    raise Unavailable(
+                        f"the task type describer for {model_root} failed: {exc}; check that the model imports"
+                    ) from exc
+            finally:
+                process.lock.release()
         raise AssertionError("unreachable")
+
+    def _claim(self, interpreter: str, model_root: str) -> tuple[tuple[str, str, int], _Process]:
+        """A describer of the model that is free now, held: a second one starts only while the first is busy
+        (concurrent submissions of one model), and with all of them busy the caller waits for the first."""
+        for slot in range(self._per_model):
+            key = (interpreter, model_root, slot)
+            process = self._process(key)
+            if process.lock.acquire(blocking=False):
+                return key, process
+        key = (interpreter, model_root, 0)
+        process = self._process(key)
+        process.lock.acquire()
+        return key, process
 
     def _round_trip(self, proc: subprocess.Popen[str], requests: list[DescribeRequest]) -> list[DescribeResponse]:
         assert proc.stdin is not None and proc.stdout is not None
@@ -102,7 +121,7 @@ class SubprocessDescriber:
             raise EOFError(f"the describer exited with {proc.wait()}")
         return [DescribeResponse.model_validate(item) for item in json.loads(line)]
 
-    def _process(self, key: tuple[str, str]) -> _Process:
+    def _process(self, key: tuple[str, str, int]) -> _Process:
         with self._lock:
             process = self._processes.get(key)
             if process is not None and process.proc.poll() is None:
@@ -110,7 +129,7 @@ class SubprocessDescriber:
                 return process
             if process is not None:
                 _stop(process)  # exited: close its pipes before replacing it
-            interpreter, model_root = key
+            interpreter, model_root, _ = key
             scratch = Path(tempfile.mkdtemp(prefix="simrun-describe-"))
             command = self._confinement.command(
                 interpreter,
@@ -138,7 +157,7 @@ class SubprocessDescriber:
                 _stop(oldest)
             return process
 
-    def _drop(self, key: tuple[str, str], process: _Process) -> None:
+    def _drop(self, key: tuple[str, str, int], process: _Process) -> None:
         with self._lock:
             if self._processes.get(key) is process:
                 del self._processes[key]

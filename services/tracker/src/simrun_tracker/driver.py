@@ -169,6 +169,7 @@ class Driver:
 
     def _loop(self) -> None:
         next_resync = time.monotonic() + self.config.tick_s
+        round_left: list[str] = []  # the runs this round of the safety net has still to visit
         while not self._stop.is_set():
             now = time.monotonic()
             with self._lock:
@@ -178,8 +179,12 @@ class Driver:
                     due.add(heapq.heappop(self._timers)[1])
                 next_timer = self._timers[0][0] if self._timers else None
             if now >= next_resync:
-                # A safety net for a lost event: every active run is visited once per tick.
-                due.update(self.runs.active_ids())
+                # A safety net for a lost event: a bounded share of the active runs each tick, in turn.
+                if not round_left:
+                    round_left = sorted(self.runs.active_ids(), reverse=True)
+                share = self.config.safety_visits_per_tick
+                due.update(round_left[-share:])
+                del round_left[-share:]
                 next_resync = now + self.config.tick_s
             for run_id in sorted(due):
                 if self._stop.is_set():

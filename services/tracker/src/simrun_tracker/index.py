@@ -7,6 +7,9 @@ journal without fsync, beside the store by default or on local disk where the co
 from __future__ import annotations
 
 import json
+import logging
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +19,8 @@ from simrun_runtime.layout import SUMMARY, StoreLayout, read_beneath
 from simrun_runtime.record import RunRecord
 from sqlalchemy import Engine, event, inspect
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
+
+log = logging.getLogger(__name__)
 
 
 class RunRow(SQLModel, table=True):
@@ -103,10 +108,22 @@ def _filtered(query: Any, group: str, state: str, owner: str, visible: Visibilit
 
 
 class RunIndex:
-    """Lists and filters runs without reading every record; the records stay the source of truth."""
+    """Lists and filters runs without reading every record; the records stay the source of truth.
+
+    Rows are written in batches by a writer thread: `put` only queues the row, so a submission or a driver step
+    never waits on SQLite (or on another writer's transaction), and a read first writes what is queued, so it sees
+    every row put before it. Rows queued when the process dies are lost with it, which a cache can afford:
+    `rebuild` fills the index from the records at the next start.
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # One transaction at a time from this process: SQLite's own locking makes a blocked writer sleep and retry
+        # (1 ms, then 2, 5, 10... up to 100 ms), which concurrent submissions turned into tail latency.
+        self._lock = threading.Lock()
+        self._queued: dict[str, RunRow] = {}
+        self._queue_changed = threading.Condition()
+        self._closed = False
         self._engine: Engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False})
 
         @event.listens_for(self._engine, "connect")
@@ -123,6 +140,8 @@ class RunIndex:
             if have != set(RunRow.model_fields):
                 SQLModel.metadata.drop_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
         SQLModel.metadata.create_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
+        self._writer = threading.Thread(target=self._write_queued, name="run-index-writer", daemon=True)
+        self._writer.start()
 
     def rebuild(self, store: StoreLayout) -> list[RunRecord]:
         """Empties the index and fills it from every `runs/<id>/run.json`; returns the records read."""
@@ -134,7 +153,7 @@ class RunIndex:
                 if run_dir.name.startswith(".") or not layout.record.is_file():
                     continue
                 records.append(RunRecord.load(layout))
-        with Session(self._engine) as session:
+        with self._lock, Session(self._engine) as session:
             session.exec(delete(RunRow))  # type: ignore[call-overload]
             for record in records:
                 session.add(row_from_record(record, task_summaries(store, record)))
@@ -142,16 +161,41 @@ class RunIndex:
         return records
 
     def put(self, row: RunRow) -> None:
-        with Session(self._engine) as session:
-            session.merge(row)
-            session.commit()
+        """Queues a run's row to be inserted or replaced (a later row of the same run replaces a queued one)."""
+        with self._queue_changed:
+            self._queued[row.run_id] = row
+            self._queue_changed.notify()
+
+    def flush(self) -> None:
+        """Writes the queued rows now, in one transaction."""
+        with self._lock:
+            with self._queue_changed:
+                rows, self._queued = list(self._queued.values()), {}
+            if rows:
+                table = SQLModel.metadata.tables[RunRow.__tablename__]
+                with self._engine.begin() as connection:
+                    connection.execute(table.insert().prefix_with("OR REPLACE"), [row.model_dump() for row in rows])
+
+    def _write_queued(self) -> None:
+        while True:
+            with self._queue_changed:
+                while not self._queued and not self._closed:
+                    self._queue_changed.wait()
+                if self._closed:
+                    return
+            try:
+                self.flush()
+            except Exception:
+                log.exception("writing the run index failed; its rows are written again from the records at start")
+                time.sleep(1.0)
 
     def rows(
         self, group: str = "", state: str = "", owner: str = "", visible: Visibility | None = None
     ) -> list[RunRow]:
         """Runs newest first, filtered; `owner` matches the person or the agent; `visible` is the read policy's
         filter (`Guard.visibility`), None for every run."""
-        with Session(self._engine) as session:
+        self.flush()
+        with self._lock, Session(self._engine) as session:
             return list(session.exec(_filtered(select(RunRow), group, state, owner, visible)))
 
     def page(
@@ -172,17 +216,25 @@ class RunIndex:
                 (col(RunRow.created_at) < created)
                 | ((col(RunRow.created_at) == created) & (col(RunRow.run_id) < run_id))
             )
-        with Session(self._engine) as session:
+        self.flush()
+        with self._lock, Session(self._engine) as session:
             return [(run_id, created) for run_id, created in session.exec(query.limit(limit))]
 
     def find_request(self, submitter: str, request_id: str) -> str | None:
         """The run an identity submitted with a request id, if any: a retried submission returns it."""
         query = select(RunRow).where(RunRow.request_id == request_id)
-        with Session(self._engine) as session:
+        self.flush()
+        with self._lock, Session(self._engine) as session:
             for row in session.exec(query):
                 if (row.agent or row.owner) == submitter:
                     return row.run_id
         return None
 
     def close(self) -> None:
+        """Writes what is queued, stops the writer and closes the database."""
+        with self._queue_changed:
+            self._closed = True
+            self._queue_changed.notify()
+        self._writer.join(timeout=10)
+        self.flush()
         self._engine.dispose()

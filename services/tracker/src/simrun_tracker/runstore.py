@@ -114,6 +114,11 @@ class RunStore:
         with self._lock:
             return list(self._active)
 
+    def active_count(self, submitter: str) -> int:
+        """Active runs that `submitter` (the identity's own name) submitted, from memory: no index query."""
+        with self._lock:
+            return sum(1 for record in self._active.values() if record.identity.name == submitter)
+
     def get(self, run_id: str) -> RunRecord:
         """A run's record: a copy of the active one (the caller may change it), else the final one (shared: read it
         only), else the record on disk.

@@ -28,7 +28,7 @@ from simrun_planner import Node
 from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import RunLayout, StoreLayout
 from simrun_runtime.record import Identity as RecordIdentity
-from simrun_runtime.record import ReusedFrom, RunRecord, RunState, SnapshotRef, TaskRecord
+from simrun_runtime.record import ReusedFrom, RunRecord, SnapshotRef, TaskRecord
 
 from simrun_tracker.describer import TypeDescriber
 from simrun_tracker.driver import CANCELLED_BY, Driver
@@ -413,8 +413,7 @@ class RunTracker:
 
     def _active_runs(self, name: str) -> int:
         """Runs not yet ended that `name` submitted (itself, not its agents)."""
-        rows = self.runs.index.rows(owner=name)
-        return sum(1 for row in rows if (row.agent or row.owner) == name and not RunState(row.state).final)
+        return self.runs.active_count(name)
 
     # --- queries: with an identity, each follows the read policy (a hidden run is NOT_FOUND) ------------------
 

@@ -78,7 +78,9 @@ def queue_order(pod: Waiting) -> tuple[int, int]:
     return (-pod.priority, pod.seq)
 
 
-def decide(nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[Waiting]) -> Decisions:
+def decide(
+    nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[Waiting], *, skip_stuck: bool = True
+) -> Decisions:
     """One admission pass over the pending pods in queue order.
 
     A pod starts on the first node that admits its run and has its cores and memory free, in the configured order;
@@ -87,6 +89,10 @@ def decide(nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[W
     newest first) frees enough; it claims that node, and no pod behind it in the queue is placed on it or preempts
     there while it waits, so lower priorities cannot starve it. Pods stopping already count as freed, so a need is
     preempted for once.
+
+    Within a pass free room only shrinks and a node whose pods are preempted is claimed, so a pod that found neither
+    room nor victims is followed by others of its size and priority that cannot either: with `skip_stuck` they are
+    passed over at once, and a long queue of alike pods costs a lookup each (False evaluates every pod).
     """
     decisions = Decisions()
     running = list(running)
@@ -104,8 +110,14 @@ def decide(nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[W
         else:
             candidates[placed.node].append(placed)
     blocked: set[str] = set()
+    reserving = {n.reserved_by for n in nodes if n.reserved_by is not None}
+    stuck: set[tuple[float, float, int]] = set()  # (cores, memory, priority) of pods that found no room, no victims
 
     for pod in sorted(pending, key=queue_order):
+        # A claim or a reservation makes a pod's options its own; any other pod's depend on its shape alone.
+        alike = (pod.cores, pod.memory_gb, pod.priority) if pod.claim is None and pod.run_id not in reserving else None
+        if skip_stuck and alike in stuck:
+            continue
         if not any(_fits(pod, n.cores, n.memory_gb) for n in nodes):
             decisions.unschedulable.append(pod.pod_id)
             continue
@@ -134,6 +146,8 @@ def decide(nodes: Sequence[Slot], running: Iterable[Placed], pending: Iterable[W
         if best is None:
             if pod.claim is not None:
                 decisions.claims[pod.pod_id] = None
+            if alike is not None:
+                stuck.add(alike)
             continue
         _, node_name, victims = best
         blocked.add(node_name)
