@@ -936,12 +936,6 @@ class ClusterSimulator:
         self._changed.add(j)
         self._touched.add(j)
 
-    def _catch_up(self, j: int) -> None:
-        elapsed = self._time - self._virtual_at[j]
-        if elapsed > 0:
-            self._virtual[j] += self._rate[j] * elapsed
-        self._virtual_at[j] = self._time
-
     def _update_rates(self) -> None:
         """New rates on the machines whose budget or requests changed, new completions where needed."""
         changed = self._changed
@@ -1072,6 +1066,7 @@ class ClusterSimulator:
             self._sequence += 1
 
     def _integrate(self, time: float) -> None:
+        """Add the costs and the batch CPU used from the current time to ``time`` (the event loop has it inline)."""
         elapsed = time - self._time
         if elapsed <= 0:
             return
