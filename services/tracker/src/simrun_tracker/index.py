@@ -171,10 +171,16 @@ class RunIndex:
         with self._lock:
             with self._queue_changed:
                 rows, self._queued = list(self._queued.values()), {}
-            if rows:
-                table = SQLModel.metadata.tables[RunRow.__tablename__]
+            if not rows:
+                return
+            table = SQLModel.metadata.tables[RunRow.__tablename__]
+            try:
                 with self._engine.begin() as connection:
                     connection.execute(table.insert().prefix_with("OR REPLACE"), [row.model_dump() for row in rows])
+            except BaseException:
+                with self._queue_changed:  # queued again, behind any newer row of the same run
+                    self._queued = {**{row.run_id: row for row in rows}, **self._queued}
+                raise
 
     def _write_queued(self) -> None:
         while True:
