@@ -202,3 +202,20 @@ def test_rows_put_from_many_threads_are_read_at_once_and_kept_across_a_close(
         assert ids(second.rows(state="failed")) == ["r001"]
     finally:
         second.close()
+
+
+def test_a_row_the_database_refuses_is_left_out_and_the_others_are_written(
+    store: StoreLayout, index: RunIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    good = [save(store, f"r{i}", ALICE, i) for i in range(3)]
+    bad = row_from_record(save(store, "bad", ALICE, 9), {})
+    bad.workflow = None  # type: ignore[assignment]  # NOT NULL in the table: as a row the database refuses
+    with index._lock:  # the writer waits: the bad row is in the same batch as the good ones
+        for record in good[:2]:
+            index.put(row_from_record(record, {}))
+        index.put(bad)
+        index.put(row_from_record(good[2], {}))
+    assert ids(index.rows()) == ["r2", "r1", "r0"]
+    assert "run bad left out of the index" in caplog.text
+    index.put(row_from_record(save(store, "r3", ALICE, 3), {}))
+    assert ids(index.rows())[0] == "r3"  # nothing of the bad row stays queued in the way

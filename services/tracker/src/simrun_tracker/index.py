@@ -18,6 +18,7 @@ from typing import Any
 from simrun_runtime.layout import SUMMARY, StoreLayout, read_beneath
 from simrun_runtime.record import RunRecord
 from sqlalchemy import Engine, event, inspect
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
 log = logging.getLogger(__name__)
@@ -167,20 +168,38 @@ class RunIndex:
             self._queue_changed.notify()
 
     def flush(self) -> None:
-        """Writes the queued rows now, in one transaction."""
+        """Writes the queued rows now, in one transaction (one by one if a row is refused)."""
         with self._lock:
             with self._queue_changed:
                 rows, self._queued = list(self._queued.values()), {}
             if not rows:
                 return
-            table = SQLModel.metadata.tables[RunRow.__tablename__]
             try:
-                with self._engine.begin() as connection:
-                    connection.execute(table.insert().prefix_with("OR REPLACE"), [row.model_dump() for row in rows])
+                self._write(rows)
+            except (IntegrityError, DataError):
+                # A row's own fault: the others go in one by one, and a bad one is left out (logged), so it cannot
+                # keep every later row out of the index.
+                for index, row in enumerate(rows):
+                    try:
+                        self._write([row])
+                    except (IntegrityError, DataError) as exc:
+                        log.error("run %s left out of the index: %s", row.run_id, str(exc).splitlines()[0])
+                    except BaseException:
+                        self._queue_again(rows[index:])
+                        raise
             except BaseException:
-                with self._queue_changed:  # queued again, behind any newer row of the same run
-                    self._queued = {**{row.run_id: row for row in rows}, **self._queued}
+                self._queue_again(rows)  # the database's fault (a full disk, an I/O error): tried again later
                 raise
+
+    def _write(self, rows: list[RunRow]) -> None:
+        table = SQLModel.metadata.tables[RunRow.__tablename__]
+        with self._engine.begin() as connection:
+            connection.execute(table.insert().prefix_with("OR REPLACE"), [row.model_dump() for row in rows])
+
+    def _queue_again(self, rows: list[RunRow]) -> None:
+        """Queues rows again, behind any newer row of the same run."""
+        with self._queue_changed:
+            self._queued = {**{row.run_id: row for row in rows}, **self._queued}
 
     def _write_queued(self) -> None:
         while True:
@@ -192,7 +211,7 @@ class RunIndex:
             try:
                 self.flush()
             except Exception:
-                log.exception("writing the run index failed; its rows are written again from the records at start")
+                log.exception("writing the run index failed; its rows are tried again in a second")
                 time.sleep(1.0)
 
     def rows(
