@@ -17,7 +17,7 @@ from typing import Any
 
 from simrun_runtime.layout import SUMMARY, StoreLayout, read_beneath
 from simrun_runtime.record import RunRecord
-from sqlalchemy import Engine, event, inspect
+from sqlalchemy import Engine, Index, event, inspect, tuple_
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, create_engine, delete, select
 
@@ -29,6 +29,11 @@ class RunRow(SQLModel, table=True):
     and cancellation, snapshots and summary."""
 
     __tablename__ = "runs"
+    # Keyset paging walks these, newest first: a page reads its own rows, however deep (or filtered by state).
+    __table_args__ = (
+        Index("ix_runs_listing", "created_at", "run_id"),
+        Index("ix_runs_state_listing", "state", "created_at", "run_id"),
+    )
     run_id: str = Field(primary_key=True)
     owner: str = Field(index=True, description="The person: the submitter, or the person an agent acts for.")
     agent: str | None = Field(default=None, index=True, description="The agent that submitted it, if one did.")
@@ -140,7 +145,10 @@ class RunIndex:
             have = {c["name"] for c in tables.get_columns(RunRow.__tablename__)}
             if have != set(RunRow.model_fields):
                 SQLModel.metadata.drop_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
-        SQLModel.metadata.create_all(self._engine, tables=[SQLModel.metadata.tables[RunRow.__tablename__]])
+        table = SQLModel.metadata.tables[RunRow.__tablename__]
+        SQLModel.metadata.create_all(self._engine, tables=[table])
+        for index in table.indexes:  # an index of this version on a table an earlier one made
+            index.create(self._engine, checkfirst=True)
         self._writer = threading.Thread(target=self._write_queued, name="run-index-writer", daemon=True)
         self._writer.start()
 
@@ -237,10 +245,8 @@ class RunIndex:
         query = _filtered(select(RunRow.run_id, RunRow.created_at), group, state, owner, visible)
         if after is not None:
             created, run_id = after
-            query = query.where(
-                (col(RunRow.created_at) < created)
-                | ((col(RunRow.created_at) == created) & (col(RunRow.run_id) < run_id))
-            )
+            # A row value, which SQLite walks on the listing index (an OR of the two sorted every earlier row).
+            query = query.where(tuple_(col(RunRow.created_at), col(RunRow.run_id)) < tuple_(created, run_id))
         self.flush()
         with self._lock, Session(self._engine) as session:
             return [(run_id, created) for run_id, created in session.exec(query.limit(limit))]
