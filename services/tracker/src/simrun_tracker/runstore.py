@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +36,7 @@ class RunStore:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._active: dict[str, RunRecord] = {}
+        self._active_by_submitter: Counter[str] = Counter()
         self._versions: dict[str, int] = {}
         self._run_locks: dict[str, threading.Lock] = {}
         self._final: OrderedDict[str, RunRecord] = OrderedDict()
@@ -55,7 +56,7 @@ class RunStore:
             ]:
                 self._keep_final(record)
             for record in active:
-                self._active[record.run_id] = record
+                self._make_active(record)
                 self._versions.setdefault(record.run_id, 1)
         return [r.model_copy(deep=True) for r in active]
 
@@ -99,10 +100,11 @@ class RunStore:
         copy = record.model_copy(deep=True)
         with self._changed:
             if copy.state.final:
-                self._active.pop(copy.run_id, None)
+                if self._active.pop(copy.run_id, None) is not None:
+                    self._active_by_submitter[copy.identity.name] -= 1
                 self._keep_final(copy)
             else:
-                self._active[copy.run_id] = copy
+                self._make_active(copy)
             self._versions[copy.run_id] = self._versions.get(copy.run_id, 0) + 1
             self._changed.notify_all()
         for listener in self._listeners:
@@ -117,7 +119,12 @@ class RunStore:
     def active_count(self, submitter: str) -> int:
         """Active runs that `submitter` (the identity's own name) submitted, from memory: no index query."""
         with self._lock:
-            return sum(1 for record in self._active.values() if record.identity.name == submitter)
+            return self._active_by_submitter[submitter]
+
+    def _make_active(self, record: RunRecord) -> None:
+        if record.run_id not in self._active:
+            self._active_by_submitter[record.identity.name] += 1
+        self._active[record.run_id] = record
 
     def get(self, run_id: str) -> RunRecord:
         """A run's record: a copy of the active one (the caller may change it), else the final one (shared: read it

@@ -144,6 +144,9 @@ class LocalExecutor:
         self._reservations: dict[str, str] = {}
         self._pods: dict[str, _Pod] = {}
         self._by_run: dict[str, list[str]] = {}
+        # The pods a scheduler pass looks at, so its cost follows what runs and waits, not every pod of the past.
+        self._running: dict[str, _Pod] = {}
+        self._pending: dict[str, _Pod] = {}
         self._seq = 0
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -208,6 +211,7 @@ class LocalExecutor:
                     spec=spec, phase=PodPhase.PENDING, memory_gb=memory_gb, attempts=attempts, memory_kills=kills
                 )
                 self._pods[spec.pod_id] = _Pod(spec, status, priorities[spec.pod_id], self._next_seq())
+                self._pending[spec.pod_id] = self._pods[spec.pod_id]
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
         self._poke()
 
@@ -334,7 +338,7 @@ class LocalExecutor:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        for pod in self._pods.values():
+        for pod in list(self._running.values()):
             if pod.process is None:
                 continue
             code = pod.process.poll()
@@ -366,12 +370,12 @@ class LocalExecutor:
                 p.seq,
                 terminating=p.stopping is not None,
             )
-            for p in self._pods.values()
+            for p in self._running.values()
             if p.process is not None
         ]
         pending = [
             Waiting(p.spec.pod_id, p.spec.run_id, p.spec.cores, p.status.memory_gb, p.priority, p.seq, p.claim)
-            for p in self._pods.values()
+            for p in self._pending.values()
             if p.status.phase is PodPhase.PENDING
         ]
         if not pending:
@@ -393,6 +397,7 @@ class LocalExecutor:
 
     def _launch(self, pod: _Pod, node: str) -> None:
         spec, status = pod.spec, pod.status
+        self._pending.pop(spec.pod_id, None)
         status.attempts += 1
         status.node = node
         status.phase = PodPhase.RUNNING
@@ -441,6 +446,7 @@ class LocalExecutor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
+                self._running[spec.pod_id] = pod
         except (OSError, ValueError, subprocess.SubprocessError, FailedPrecondition) as exc:
             # A pod that cannot be started fails rather than staying "running" with no process.
             if pod.cgroup is not None:
@@ -469,7 +475,7 @@ class LocalExecutor:
         return bool(status.memory_kills) or status.sigkills > 0
 
     def _watchdog(self) -> None:
-        watched = {p.process.pid: p for p in self._pods.values() if p.process is not None and p.cgroup is None}
+        watched = {p.process.pid: p for p in self._running.values() if p.process is not None and p.cgroup is None}
         if not watched:
             return
         for pgid, anon in anon_memory_by_group(watched).items():
@@ -503,6 +509,7 @@ class LocalExecutor:
             pod.cgroup.remove()
         self._remove_scratch(pod)
         pod.process = None
+        self._running.pop(pod.spec.pod_id, None)
         pod.cgroup = None
         stopping, pod.stopping, pod.kill_at = pod.stopping, None, None
         pod.watchdog_bytes = None
@@ -558,6 +565,7 @@ class LocalExecutor:
         pod.status.node = None
         pod.status.message = message
         pod.seq = self._next_seq()
+        self._pending[pod.spec.pod_id] = pod
         self._changed(pod)
 
     def _final(self, pod: _Pod, phase: PodPhase, message: str, described: str | None = None) -> None:
@@ -566,6 +574,7 @@ class LocalExecutor:
         pod.status.phase = phase
         pod.status.message = message
         pod.claim = None
+        self._pending.pop(pod.spec.pod_id, None)
         self._changed(pod)
 
     def _changed(self, pod: _Pod) -> None:
