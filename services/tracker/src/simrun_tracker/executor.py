@@ -7,6 +7,7 @@ to its own mount and builds its own command. Exit codes are a container's: 128 +
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -117,7 +118,7 @@ class PodSpec:
             if path.is_absolute() or ".." in path.parts:
                 raise LocationError(f"pod {self.pod_id}: {name} must be relative to the store, not {path}")
 
-    @property
+    @functools.cached_property
     def pod_id(self) -> str:
         return f"{self.run_id}.{self.task_id}.{self.worker}"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 _EPS = 1e-9
 
@@ -22,8 +23,7 @@ class Slot:
         return self.reserved_by is None or self.reserved_by == run_id
 
 
-@dataclass(frozen=True)
-class Placed:
+class Placed(NamedTuple):
     """A running pod: where it runs, what it holds, and whether it is stopping already (preempted, evicted, stopped)."""
 
     pod_id: str
@@ -37,8 +37,7 @@ class Placed:
     terminating: bool = False
 
 
-@dataclass(frozen=True)
-class Waiting:
+class Waiting(NamedTuple):
     """A pending pod, with the node whose preempted pods it is waiting for (its claim), if any."""
 
     pod_id: str
