@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from simrun_runtime.ledger import Ledger, UnitRange, create_ledger
 from simrun_runtime.reports import ProgressReader, WorkerEnd, read_progress
 
@@ -202,3 +203,31 @@ def test_a_failed_unit_is_retried_on_another_worker(pods: Any, helpers: Any) -> 
     assert failure["unit"] == 2 and failure["message"].startswith("unit 2 failed on worker ")
     assert failure["worker"] != first  # the second attempt ran on the other worker
     assert not task.merge_marker.exists()
+
+
+def test_a_worker_dying_between_its_progress_line_and_its_done_rename_leaves_the_line(tmp_path: Path) -> None:
+    """The crash window of a claim: the line is written first, so done units are never missing from progress."""
+    from types import SimpleNamespace
+
+    from simrun_runtime.pool import ClaimResult
+    from simrun_runtime.reports import ProgressLog, SecondsSketch
+    from simrun_runtime.worker import Worker
+
+    class Died(BaseException):
+        pass
+
+    class DiesAtTheRename:
+        def mark_done(self, claim: UnitRange, worker: str) -> bool:
+            raise Died
+
+    worker = Worker.__new__(Worker)
+    worker.env = SimpleNamespace(worker="w1")  # type: ignore[assignment]
+    worker.keeper = SimpleNamespace(add_seconds=lambda seconds: None)  # type: ignore[assignment]
+    progress = ProgressLog(tmp_path / "progress.jsonl")
+    done = ClaimResult(claim=UnitRange(10, 19), done_until=20, seconds=SecondsSketch())
+    try:
+        with pytest.raises(Died):
+            worker._settle(DiesAtTheRename(), progress, done)  # type: ignore[arg-type]
+    finally:
+        progress.close()
+    assert ProgressReader(tmp_path / "progress.jsonl").units_done() == 10

@@ -305,8 +305,10 @@ class Worker:
         self.keeper.add_seconds(result.seconds)
         computed = result.seconds.total if result.seconds.count else None
         if result.complete:
-            if ledger.mark_done(claim, worker):
-                progress.append(claim, worker, computed, time.time())
+            # The progress line first: a worker killed between the two leaves a line for units another worker
+            # computes again (counted once, as distinct units), never done units that no line counts.
+            progress.append(claim, worker, computed, time.time())
+            ledger.mark_done(claim, worker)
             return None
         assert result.error is not None
         index = result.done_until
@@ -316,8 +318,8 @@ class Worker:
             if halves is None:
                 return None  # released meanwhile (taken for dead): someone else has it now
             done, rest = halves
-            if ledger.mark_done(done, worker):
-                progress.append(done, worker, computed, time.time())
+            progress.append(done, worker, computed, time.time())
+            ledger.mark_done(done, worker)
         assert rest is not None
         if index < rest.last:
             halves = ledger.split(rest, worker, index + 1)
