@@ -14,9 +14,9 @@ from simrun_core.errors import InvalidArgument
 from simrun_core.resources import SplitMode
 from simrun_core.validation import first_error
 
-# Task ids become parts of pod and Kubernetes object names: DNS-1123 labels, kept short.
 # libyaml's safe loader where PyYAML was built with it (ten times faster on a submission's workflow), else Python's.
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# Task ids become parts of pod and Kubernetes object names: DNS-1123 labels, kept short.
 _TASK_ID = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 _INPUT_REF = re.compile(r"^(?P<task>[^.\s]+)\.(?P<port>[^.\s]+)$")
 
