@@ -268,9 +268,10 @@ class _ClientTracing(
             attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
         )
         carrier: dict[str, str] = {}
-        _global_propagator().inject(carrier, context=trace.set_span_in_context(span))
+        propagator = _global_propagator()
+        propagator.inject(carrier, context=trace.set_span_in_context(span))
         # This call's context replaces any the caller put in the metadata (a proxy relaying its caller's).
-        fields = _global_propagator().fields
+        fields = propagator.fields
         metadata = [(k, v) for k, v in details.metadata or () if k not in fields]
         metadata.extend(carrier.items())
         traced = _CallDetails(

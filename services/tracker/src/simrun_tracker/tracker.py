@@ -196,7 +196,7 @@ class RunTracker:
         self.guard.check_submission(identity, submission.workflow, 0, 0)  # the text's size, before it is parsed
         workflow = parse_workflow(submission.workflow)
         self.guard.check_submission(
-            identity, submission.workflow, len(workflow.spec.tasks), self._active_runs(identity.name)
+            identity, submission.workflow, len(workflow.spec.tasks), self.runs.active_count(identity.name)
         )
         reserve = submission.reserve or workflow.spec.reserve
         if reserve:
@@ -410,10 +410,6 @@ class RunTracker:
         while not self.runs.get(run_id).state.final and time.monotonic() < deadline:
             version = self.runs.wait(run_id, version, deadline - time.monotonic())
         return self.runs.get(run_id)
-
-    def _active_runs(self, name: str) -> int:
-        """Runs not yet ended that `name` submitted (itself, not its agents)."""
-        return self.runs.active_count(name)
 
     # --- queries: with an identity, each follows the read policy (a hidden run is NOT_FOUND) ------------------
 
