@@ -196,6 +196,24 @@ LAUNCHER = os.path.abspath(__file__)
 (whose imports cost seconds on a loaded machine and which the pod's command imports again anyway)."""
 
 
+def launcher_command(
+    command: Sequence[str],
+    read: Iterable[Path | str],
+    write: Iterable[Path | str],
+    interpreter: str | None = None,
+    umask: int | None = None,
+) -> list[str]:
+    """`command` run by this launcher with these paths (`python -I <LAUNCHER> --read … --write … -- command`)."""
+    launcher = [interpreter or sys.executable, "-I", LAUNCHER]
+    for path in read:
+        launcher += ["--read", str(path)]
+    for path in write:
+        launcher += ["--write", str(path)]
+    if umask is not None:
+        launcher += ["--umask", f"{umask:o}"]
+    return [*launcher, "--", *command]
+
+
 def apply(rules: Rules) -> int:
     """Restricts this process (and every process it starts) to `rules`; returns the ABI used.
 

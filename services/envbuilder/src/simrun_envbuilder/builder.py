@@ -558,7 +558,7 @@ class EnvironmentBuilder:
     def _after_build(self, environment_id: str, folder: Path) -> None:
         """Compiles bytecode once the venv is usable, records its size, then removes old environments."""
         if self.settings.compile_bytecode:
-            compile_bytecode(folder / "venv", folder / "build.log")
+            compile_bytecode(folder / "venv", folder / "build.log", self.settings.uv.confine)
         meta = _read_json(folder / "environment.json")
         if meta is not None and is_ready(folder):
             meta["size_bytes"] = folder_size(folder)

@@ -76,6 +76,7 @@ def settings_from_config(config: ServerConfig) -> BuilderSettings:
         index_url=envs.index_url,
         find_links=tuple(envs.find_links),
         no_index=envs.no_index,
+        confine=config.executor.local.confinement != "off",
     )
     images = None
     if envs.kind == "image":

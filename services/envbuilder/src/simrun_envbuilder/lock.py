@@ -8,6 +8,7 @@ backends the snapshots name, and the service's constraints for backends and depe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from simrun_core.errors import InvalidArgument
 
 from simrun_envbuilder.inputs import ModelInputs, tree_places
 from simrun_envbuilder.pythons import Interpreter
+from simrun_envbuilder.sandbox import build_variables, confined, interpreter_prefixes, linked_roots
 
 ROOT_NAME = "simrun-environment"
 REASON_LINES = 12
@@ -33,12 +35,34 @@ def default_uv_command() -> tuple[str, ...]:
     """uv as this machine has it: the `uv` on PATH, else `python3 -m uv` (how the workspace installs it)."""
     found = shutil.which("uv")
     if found:
-        return (found,)
+        return (_behind_wrapper(found),)
     for python in (sys.executable, shutil.which("python3") or "python3"):
         probe = subprocess.run([python, "-m", "uv", "--version"], capture_output=True, check=False)
         if probe.returncode == 0:
             return (python, "-m", "uv")
     return ("uv",)
+
+
+def _behind_wrapper(program: str) -> str:
+    """The uv binary a wrapper script (a pyenv shim) runs, which uv names in `UV` for what it runs; else `program`.
+
+    Build steps run confined with a private HOME, where a shim cannot find its own installation.
+    """
+    with open(program, "rb") as f:
+        if f.read(2) != b"#!":
+            return program
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        probe = subprocess.run(
+            [program, "run", "--no-project", "--no-config", "printenv", "UV"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        binary = probe.stdout.strip()
+        if probe.returncode == 0 and os.path.isfile(binary):
+            return binary
+    return program
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,8 @@ class UvSettings:
     no_index: bool = False
     offline: bool = False
     timeout_s: float = 900.0
+    confine: bool = True
+    """Run uv confined (`sandbox.confined`): it runs the submitter's build backends and `setup.py` files."""
 
     def index_args(self) -> list[str]:
         args: list[str] = []
@@ -66,14 +92,31 @@ class UvSettings:
         return args
 
     def env(self, interpreter: Interpreter | None = None) -> dict[str, str]:
-        """The process environment of a uv call: no downloads of Pythons, no user config, our cache."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV", "PYTHONHOME", "CONDA"))}
-        env.update({"UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1", "UV_NO_PROGRESS": "1"})
-        if self.cache_dir is not None:
-            env["UV_CACHE_DIR"] = str(self.cache_dir)
+        """The process environment of a uv call: the build allow-list (`sandbox.PASSED_VARIABLES`, never the server's
+        secrets or home), no downloads of Pythons, no user config, our cache."""
+        env = {
+            "UV_PYTHON_DOWNLOADS": "never",
+            "UV_NO_CONFIG": "1",
+            "UV_NO_PROGRESS": "1",
+            "UV_CACHE_DIR": str(self.cache()),
+        }
         if interpreter is not None:
             env["UV_PYTHON"] = interpreter.path
-        return env
+        return build_variables(env)
+
+    def cache(self) -> Path:
+        """uv's cache: the configured folder, else uv's own default of the server's user (made if missing)."""
+        cache = self.cache_dir or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "uv"
+        cache.mkdir(parents=True, exist_ok=True)
+        return cache
+
+    def reads(self, *interpreters: str | Path) -> list[Path]:
+        """What a confined uv call reads beyond the system: uv itself, the interpreters, local `find_links`."""
+        local = [Path(link) for link in self.find_links if "://" not in link]
+        # `python -m uv` reads its interpreter's installation; a uv binary is one file (never its folder's
+        # parent: `~/bin/uv` would open the whole home, the server's tokens with it).
+        uv = interpreter_prefixes(self.command[0]) if "-m" in self.command else [Path(self.command[0]).resolve()]
+        return [*uv, *interpreter_prefixes(*interpreters), *local]
 
     def describe(self) -> str:
         """What of the settings changes a resolution, for the inputs digest."""
@@ -190,18 +233,20 @@ def reason(stderr: str) -> str:
 
 
 def _uv_lock(folder: Path, uv: UvSettings, interpreter: Interpreter) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(
-            [*uv.command, "lock", "--python", interpreter.path, *uv.index_args()],
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            env=uv.env(interpreter),
-            timeout=uv.timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise InvalidArgument(f"locking the model's dependencies took more than {uv.timeout_s:.0f} s") from None
+    command = [*uv.command, "lock", "--python", interpreter.path, *uv.index_args()]
+    # uv asks the model's build backend (the submitter's code) for its metadata: it reads the snapshots and
+    # writes the lock project and uv's cache only.
+    reads = [*linked_roots(folder), *uv.reads(interpreter.path)]
+    with confined(command, uv.env(interpreter), read=reads, write=[folder, uv.cache()], enabled=uv.confine) as (
+        argv,
+        env,
+    ):
+        try:
+            return subprocess.run(
+                argv, cwd=folder, capture_output=True, text=True, env=env, timeout=uv.timeout_s, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise InvalidArgument(f"locking the model's dependencies took more than {uv.timeout_s:.0f} s") from None
 
 
 def _requirement_name(requirement: str) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from simrun_envbuilder.lock import UvSettings, reason
 from simrun_envbuilder.pythons import Interpreter
+from simrun_envbuilder.sandbox import confined, interpreter_prefixes, linked_roots
 
 READY = "ready"
 LOG_TAIL_LINES = 20
@@ -149,15 +150,16 @@ class VenvBuild:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
     ) -> None:
-        run_logged(
+        # An sdist's setup.py runs here: the step writes the environment's own folder (its venv) and uv's cache.
+        reads = [*linked_roots(self.project), *self.uv.reads(self.interpreter.path), self.runtime_wheel]
+        with confined(
             [*self.uv.command, *args],
-            step,
-            self.log,
-            progress,
             {**self.uv.env(self.interpreter), **(env or {})},
-            cwd,
-            self.uv.timeout_s,
-        )
+            read=reads,
+            write=[self.venv.parent, self.uv.cache()],
+            enabled=self.uv.confine,
+        ) as (command, variables):
+            run_logged(command, step, self.log, progress, variables, cwd, self.uv.timeout_s)
 
 
 def run_logged(
@@ -203,23 +205,22 @@ def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
-def compile_bytecode(venv: Path, log: Path) -> bool:
+def compile_bytecode(venv: Path, log: Path, confine: bool = True) -> bool:
     """Compiles the venv's site-packages to bytecode, so pods do not compile what they import; True if it did.
 
     Runs after the venv is marked ready: `py_compile` replaces each `.pyc` atomically, so a pod importing at the
-    same time reads a whole file or none.
+    same time reads a whole file or none. The venv's interpreter runs its packages' `.pth` files: confined to the
+    venv.
     """
-    with log.open("a") as out:
-        code = subprocess.run(
-            [str(python_of(venv)), "-m", "compileall", "-q", "-j", "0", str(site_packages(venv))],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        ).returncode
+    python = python_of(venv)
+    command = [str(python), "-m", "compileall", "-q", "-j", "0", str(site_packages(venv))]
+    reads = interpreter_prefixes(python)
+    with confined(command, {}, read=reads, write=[venv], enabled=confine) as (argv, env), log.open("a") as out:
+        code = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=env, check=False).returncode
     return code == 0
 
 
-def make_overlay(base_venv: Path, overlay: Path, editables: list[Path], log: Path) -> Path:
+def make_overlay(base_venv: Path, overlay: Path, editables: list[Path], log: Path, confine: bool = True) -> Path:
     """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter: a bare venv, a
     `.pth` adding the shared site-packages, and the snapshots' editable wheels built by their backends offline.
 
@@ -230,7 +231,7 @@ def make_overlay(base_venv: Path, overlay: Path, editables: list[Path], log: Pat
     shared = site_packages(base_venv)
     (site_packages(overlay) / "_simrun_environment.pth").write_text(f"import site; site.addsitedir({str(shared)!r})\n")
     if editables:
-        wheels = _editable_wheels(python_of(overlay), editables, overlay / ".editables", log)
+        wheels = _editable_wheels(python_of(overlay), editables, overlay / ".editables", log, base_venv, confine)
         target = site_packages(overlay)
         for wheel in wheels:
             install_wheel(wheel, target)
@@ -260,20 +261,22 @@ print(json.dumps(results))
 """
 
 
-def _editable_wheels(python: Path, sources: list[Path], dest: Path, log: Path) -> list[Path]:
+def _editable_wheels(
+    python: Path, sources: list[Path], dest: Path, log: Path, base_venv: Path, confine: bool = True
+) -> list[Path]:
     """Builds the editable wheels of `sources` with their own backends (PEP 660), all in one process of the
     overlay's interpreter, where the shared venv provides the backends: one backend import instead of one per
-    hook and source, offline."""
+    hook and source, offline.
+
+    The backends (an in-tree one is the model's own code) run confined: they read the sources and the venvs and
+    write `dest` only."""
     dest.mkdir(parents=True)
-    with log.open("a") as out:
+    command = [str(python), "-c", _EDITABLE_FRONTEND, str(dest), *map(str, sources)]
+    reads = [*sources, *interpreter_prefixes(python, python_of(base_venv)), base_venv]
+    with confined(command, {}, read=reads, write=[dest], enabled=confine) as (argv, env), log.open("a") as out:
         out.write(f"$ building editable wheels of {', '.join(map(str, sources))}\n")
         result = subprocess.run(
-            [str(python), "-c", _EDITABLE_FRONTEND, str(dest), *map(str, sources)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=600,
-            check=False,
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600, check=False
         )
         out.write(result.stdout)
     lines = result.stdout.strip().splitlines()
