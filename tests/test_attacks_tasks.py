@@ -257,3 +257,36 @@ def test_outputs_follow_the_read_policy_and_no_link_leads_out(
     fetched = agent.fetch_output(run.run_id, "probe", "report", tmp_path / "mine")
     assert [p.name for p in fetched] == ["report.json"]
     assert machine.tokens["owner"] not in "".join(p.read_text() for p in fetched)
+
+
+def test_oversized_names_in_requests_are_refused_not_internal(machine: Machine, owner_model: Path) -> None:
+    """Every name a request carries is bounded before it reaches the file system or the index (a name longer
+    than a path component was an OSError, INTERNAL; a group or request id of megabytes was kept in every row)."""
+    server = machine.start()
+    agent = machine.client(server, "agent")
+    mine = wait_final(agent, agent.submit(write_workflow(owner_model, SLOW)).run_id)
+    long = "a" * 300
+    for run_id in (long, "." + long, "x" * 129):
+        with pytest.raises(NotFound, match="no run"):
+            agent.get_run(run_id)
+        with pytest.raises(NotFound, match="no run"):
+            list(agent.logs(run_id, "values"))
+    with pytest.raises(InvalidArgument, match="is not an output port name: 1-128 letters"):
+        agent.outputs(mine.run_id, "values", long)
+    with pytest.raises(InvalidArgument, match="is not an output port name"):
+        agent.fetch_output(mine.run_id, "values", long, owner_model / "loot")
+    with pytest.raises(NotFound, match="no run"):
+        agent.submit(write_workflow(owner_model, SLOW, "resume.yaml"), resume_from=long)
+    runs = sorted(p.name for p in (machine.home / "store" / "runs").iterdir())
+    for options, words in (
+        ({"group": "g" * 100_000}, "the group is 100000 characters, more than the 128"),
+        ({"group": "two\nlines"}, "the group 'two\\\\nlines' holds a control character"),
+        ({"request_id": "r" * 10_000}, "the request id is 10000 characters, more than the 128"),
+    ):
+        with pytest.raises(InvalidArgument, match=words):
+            agent.submit(write_workflow(owner_model, SLOW, "bad.yaml"), **options)
+    named = SLOW.replace("name: slow", "name: " + "n" * 200)
+    with pytest.raises(InvalidArgument, match="the workflow name is 200 characters"):
+        agent.submit(write_workflow(owner_model, named, "named.yaml"))
+    assert sorted(p.name for p in (machine.home / "store" / "runs").iterdir()) == runs
+    assert [r.run_id for r in agent.list_runs()] == [mine.run_id]

@@ -83,6 +83,27 @@ def check_workflow_bounds(limits: Limits, workflow_text: str, task_count: int) -
         )
 
 
+LABEL_CHARS = 128
+"""Characters of a run's labels from a request or a workflow: its group, its name, the submitter's request id."""
+
+
+def check_labels(**labels: str) -> None:
+    """Refuses a label (group, workflow name, request id) longer than `LABEL_CHARS` or holding control characters:
+    each is kept in every listing row and shown on one line.
+
+    Raises:
+        InvalidArgument: naming the label, its length and the bound.
+    """
+    for name, value in labels.items():
+        if len(value) > LABEL_CHARS:
+            raise InvalidArgument(
+                f"the {name.replace('_', ' ')} is {len(value)} characters, more than the {LABEL_CHARS} a run's labels "
+                "may have: shorten it"
+            )
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise InvalidArgument(f"the {name.replace('_', ' ')} {value!r} holds a control character: remove it")
+
+
 def check_units(limits: Limits, task_id: str, units: int | None) -> None:
     """Refuses a split task whose `count_units` gave more units than the limit (or fewer than one).
 

@@ -15,7 +15,9 @@ from simrun_runtime.record import RunRecord, TaskState
 CHUNK_BYTES = 1024 * 1024
 """Bytes of one chunk of a fetched file; well under the gRPC message limit."""
 
-_PORT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_PORT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+"""An output port's folder name: a path component of at most 128 characters (a longer one is no port, not an
+error of the file system)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class OutputStore:
 
     def _files(self, record: RunRecord, task_id: str, port: str) -> list[OutputFile]:
         if not _PORT.match(port):
-            raise InvalidArgument(f"{port!r} is not an output port name: letters, digits, '.', '_' or '-'")
+            raise InvalidArgument(f"{port[:64]!r} is not an output port name: 1-128 letters, digits, '.', '_' or '-'")
         folder = self.store.run(record.run_id).task(task_id).out_port(port)
         if not folder.is_dir() or folder.is_symlink():
             ports = ", ".join(self._ports(record, task_id)) or "none yet"

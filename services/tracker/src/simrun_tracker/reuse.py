@@ -25,7 +25,7 @@ from simrun_core.reuse import (
     snapshot_key,
     task_keys,
 )
-from simrun_runtime.layout import RunLayout, StoreLayout
+from simrun_runtime.layout import NAME, RunLayout, StoreLayout
 from simrun_runtime.record import Identity as RecordIdentity
 from simrun_runtime.record import ReusedFrom, RunRecord, TaskRecord, TaskState
 
@@ -166,6 +166,6 @@ def _reused_whole(task: TaskRecord, source: ReuseSource, now: datetime) -> None:
 def load_record(store: StoreLayout, run_id: str) -> RunRecord:
     """A run's record from the store; `NotFound` when there is none."""
     run = store.run(run_id)
-    if run_id.startswith(".") or "/" in run_id or not run.record.is_file():
+    if NAME.fullmatch(run_id) is None or not run.record.is_file():
         raise NotFound(f"no run {run_id!r}: `simrun list` shows the runs")
     return RunRecord.load(run)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from simrun_core.errors import NotFound
-from simrun_runtime.layout import RunLayout, StoreLayout
+from simrun_runtime.layout import NAME, RunLayout, StoreLayout
 from simrun_runtime.record import RunRecord
 
 from simrun_tracker.index import RunIndex, row_from_record, task_summaries
@@ -191,5 +191,7 @@ class RunStore:
 
 
 def valid_run_id(run_id: str) -> bool:
-    """Whether a string can name a run's folder: no path separators, not hidden."""
-    return bool(run_id) and "/" not in run_id and "\x00" not in run_id and not run_id.startswith(".")
+    """Whether a string can name a run's folder: one path component of the store's names (`layout.NAME`: no
+    separator, not hidden, at most 128 characters), so a request's id never reaches the file system as `..` or as
+    a name too long for it (an OSError, INTERNAL)."""
+    return isinstance(run_id, str) and NAME.fullmatch(run_id) is not None

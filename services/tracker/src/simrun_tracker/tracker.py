@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from simrun_core.access import check_labels
 from simrun_core.config import DriverConfig
 from simrun_core.errors import FailedPrecondition, NotFound, PermissionDenied
 from simrun_core.identity import Identity, Priority
@@ -179,6 +180,7 @@ class RunTracker:
             NotFound: a snapshot not in the store, or an unknown node to reserve.
             FailedPrecondition: a task that fits no node, a node reserved by another run, a failed environment.
         """
+        check_labels(request_id=submission.request_id)
         if not submission.request_id:
             return self._submit(submission, identity)
         with self._request_lock(identity.name, submission.request_id):
@@ -197,6 +199,10 @@ class RunTracker:
         workflow = parse_workflow(submission.workflow)
         self.guard.check_submission(
             identity, submission.workflow, len(workflow.spec.tasks), self.runs.active_count(identity.name)
+        )
+        check_labels(
+            group=submission.group or workflow.spec.group or "",
+            workflow_name=workflow.spec.name,
         )
         reserve = submission.reserve or workflow.spec.reserve
         if reserve:
