@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from simrun_runtime.confine import Rules, interpreter_paths, landlock_abi
+from simrun_runtime.confine import LAUNCHER, Rules, interpreter_paths, landlock_abi
 
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
 
@@ -128,9 +131,50 @@ def test_the_interpreter_keeps_its_installation(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="capabilities are dropped only for root")
 def test_root_loses_every_capability(tmp_path: Path) -> None:
-    script = "print([l for l in open('/proc/self/status') if l.startswith(('CapEff', 'CapBnd'))])"
+    script = "print(''.join(l for l in open('/proc/self/status') if l.startswith('Cap')))"
     result = confined(tmp_path, script, read=[], write=[])
-    assert "0000000000000000" in result.stdout and "1fff" not in result.stdout, result.stdout
+    sets = {name.rstrip(":"): value for name, value in zip(*[iter(result.stdout.split())] * 2, strict=True)}
+    assert set(sets) == {"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"}, result.stdout
+    assert all(int(value, 16) == 0 for value in sets.values()), sets
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become nobody")
+def test_an_unprivileged_pod_cannot_open_its_users_files_to_other_accounts() -> None:
+    """A pod of an unprivileged server owns the server user's files: without its read-only view (a user namespace
+    of its own) it could chmod the home and the token for every local account to read."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 that nobody can run")
+    root = Path(tempfile.mkdtemp(prefix="simrun-unprivileged-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        home, task = root / "home", root / "task"
+        home.mkdir(mode=0o700)
+        task.mkdir()
+        token = home / "token"
+        token.write_text("the-owners-token")
+        token.chmod(0o600)
+        launcher = root / "confine.py"  # the launcher needs the standard library only
+        shutil.copyfile(LAUNCHER, launcher)
+        launcher.chmod(0o644)
+        for path in (home, task, token):
+            os.chown(path, 65534, 65534)
+        script = (
+            "import os\n"
+            f"for path, mode in (({str(home)!r}, 0o755), ({str(token)!r}, 0o644)):\n"
+            "    try:\n        os.chmod(path, mode); print('changed')\n"
+            "    except OSError as exc:\n        print(exc.errno)\n"
+            f"open({str(task / 'out')!r}, 'w').write('still writable')\n"
+        )
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        command = [*nobody, python, "-I", str(launcher), "--write", str(task), "--", python, "-c", script]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=root)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [str(errno.EROFS)] * 2, result.stdout + result.stderr
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700 and stat.S_IMODE(token.stat().st_mode) == 0o600
+        assert (task / "out").read_text() == "still writable"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_missing_command_is_a_usage_error(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ Why Landlock (see DESIGN.md, "Containment"): it needs no privilege, works the sa
 is enforced by the kernel on every path (a file's mode does not matter, so making a snapshot file writable
 gains nothing), refuses hard links and renames out of read-only trees (`REFER`), and its scopes keep a pod from
 signalling or ptracing processes outside its domain (the server, other pods). Mount namespaces alone need root
-and leave signals open. Where the server runs as root the launcher adds both of what Landlock does not cover:
-a private mount namespace in which everything but the pod's write paths is mounted read-only (so `chmod`,
-`chown` and `utime` fail with EROFS), and it drops every capability before the exec (no kernel modules, no
-clock, no bypassing file modes).
+and leave signals open. The launcher adds what Landlock does not cover: a private mount namespace in which
+everything but the pod's write paths is mounted read-only (so `chmod`, `chown` and `utime` fail with EROFS),
+entered through a user namespace of the pod's own where the server is not root, and for root it drops every
+capability before the exec (no kernel modules, no clock, no bypassing file modes).
 
 The standard library only (ctypes): this module ships in every image.
 """
@@ -43,6 +43,8 @@ _PR_CAPBSET_DROP = 24
 _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWUSER = 0x10000000
+_CAPABILITY_VERSION_3 = 0x20080522
 _MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
@@ -258,14 +260,15 @@ def _add_rule(libc: ctypes.CDLL, ruleset: int, path: Path, rights: int) -> None:
         os.close(fd)
 
 
-def read_only_view(write: Sequence[Path]) -> None:
-    """For root: a private mount namespace in which every mount is read-only except the `write` paths.
+def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
+    """A private mount namespace in which every mount is read-only except the `write` paths.
 
-    Landlock governs opening, creating, linking and renaming, but not `chmod`, `chown` or `utime`: a pod running
-    as root (even without capabilities) owns the store's and the system's files and could change their modes
-    (a snapshot file made writable, a set-uid bit on a system binary). On a read-only mount those calls fail with
-    EROFS. Unprivileged servers need no such view: their pods own only the server user's files, which the
-    server's own 0700 home and store keep to themselves.
+    Landlock governs opening, creating, linking and renaming, but not `chmod`, `chown` or `utime`: a pod owns
+    the files of the server's user (for root, the system's too) and could change their modes: a snapshot file
+    made writable, a set-uid bit on a system binary, or the home and its token opened to every local account
+    (the bytes stay closed to the pod, not to the other accounts). On a read-only mount those calls fail with
+    EROFS. Root makes the namespace directly; an unprivileged server's pod first enters a user namespace of its
+    own (`user_namespace`) that maps its user to itself, which lets it make mounts and changes nothing else.
 
     Raises:
         ConfineError: the namespace or a mount cannot be made.
@@ -276,7 +279,17 @@ def read_only_view(write: Sequence[Path]) -> None:
     def mount(source: str | None, target: str, flags: int) -> int:
         return int(libc.mount(source.encode() if source else None, target.encode(), None, flags, None))
 
-    if libc.unshare(_CLONE_NEWNS) != 0:
+    if user_namespace:
+        uid, gid = os.getuid(), os.getgid()
+        if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+            raise ConfineError(f"unshare(CLONE_NEWUSER): {os.strerror(ctypes.get_errno())}")
+        try:
+            Path("/proc/self/setgroups").write_text("deny")
+            Path("/proc/self/uid_map").write_text(f"{uid} {uid} 1")
+            Path("/proc/self/gid_map").write_text(f"{gid} {gid} 1")
+        except OSError as exc:
+            raise ConfineError(f"mapping the user into its namespace: {exc.strerror}") from None
+    elif libc.unshare(_CLONE_NEWNS) != 0:
         raise ConfineError(f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
     if mount(None, "/", _MS_REC | _MS_PRIVATE) != 0:
         raise ConfineError(f"making / private: {os.strerror(ctypes.get_errno())}")
@@ -320,6 +333,15 @@ def drop_capabilities() -> None:
         if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() not in (errno.EINVAL,):
             raise ConfineError(f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(ctypes.get_errno())}")
     libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    # Root's exec grants the inheritable set whatever the bounding set says (a container runtime may leave one):
+    # empty it, keeping the effective and permitted sets the exec drops anyway.
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capget(header, data) != 0:
+        raise ConfineError(f"capget: {os.strerror(ctypes.get_errno())}")
+    data[2] = data[5] = 0  # inheritable, both words of {effective, permitted, inheritable}
+    if libc.capset(header, data) != 0:
+        raise ConfineError(f"capset: {os.strerror(ctypes.get_errno())}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -336,6 +358,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if os.geteuid() == 0:
             read_only_view(args.write)
+        else:
+            try:
+                read_only_view(args.write, user_namespace=True)
+            except ConfineError as exc:
+                # Landlock still confines every read and write; only modes stay changeable.
+                print(
+                    f"{PROG}: no read-only view ({exc}): the pod may change the modes of its user's files",
+                    file=sys.stderr,
+                )
         apply(Rules.for_pod(args.read, args.write))
         drop_capabilities()
     except ConfineError as exc:
