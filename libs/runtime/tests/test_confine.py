@@ -189,3 +189,23 @@ def test_rules_for_a_pod_add_the_system_and_the_interpreter(tmp_path: Path) -> N
     assert Path("/usr") in rules.read and Path(sys.base_prefix) in rules.read and tmp_path / "r" in rules.read
     assert Path("/etc") not in rules.read and Path("/home") not in rules.read and Path("/tmp") not in rules.read
     assert rules.write[-1] == tmp_path / "w"
+
+
+def test_a_pod_has_a_dev_shm_of_its_own(tmp_path: Path) -> None:
+    """/dev/shm was shared by every pod and the server: a pod could read and change another run's shared memory."""
+    host = Path("/dev/shm") / f"simrun-test-{os.getpid()}"
+    host.write_text("another run's shared memory")
+    try:
+        script = (
+            "import multiprocessing, os\n"
+            f"print(os.path.exists({str(host)!r}))\n"
+            "open('/dev/shm/mine', 'w').write('x')\n"
+            "lock = multiprocessing.Lock(); lock.acquire(); lock.release()\n"  # its semaphores live there
+            "print(sorted(os.listdir('/dev/shm')))\n"
+        )
+        result = confined(tmp_path, script, read=[], write=[])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n")[:2] == ["False", "['mine']"], result.stdout
+        assert host.read_text() == "another run's shared memory" and not Path("/dev/shm/mine").exists()
+    finally:
+        host.unlink()

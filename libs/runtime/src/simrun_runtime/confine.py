@@ -54,8 +54,10 @@ _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _KEEP_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
-_LEFT_WRITABLE = ("/proc", "/dev/shm")
-"""Mounts the read-only view keeps as they are: /proc (Landlock already refuses writes there) and /dev/shm."""
+_SHARED_MEMORY = "/dev/shm"
+_LEFT_WRITABLE = ("/proc", _SHARED_MEMORY)
+"""Mounts the read-only view keeps as they are: /proc (Landlock already refuses writes there) and /dev/shm (a
+private tmpfs replaces it)."""
 
 # Filesystem access rights (linux/landlock.h) and the ABI that introduced each.
 EXECUTE = 1 << 0
@@ -276,8 +278,16 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
     libc = _libc()
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 
-    def mount(source: str | None, target: str, flags: int) -> int:
-        return int(libc.mount(source.encode() if source else None, target.encode(), None, flags, None))
+    def mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str = "") -> int:
+        return int(
+            libc.mount(
+                source.encode() if source else None,
+                target.encode(),
+                fstype.encode() if fstype else None,
+                flags,
+                ctypes.c_char_p(data.encode()) if data else None,
+            )
+        )
 
     if user_namespace:
         uid, gid = os.getuid(), os.getgid()
@@ -308,6 +318,10 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
         target = os.path.realpath(path)
         if mount(target, target, _MS_BIND | _MS_REC) != 0 or mount(None, target, _MS_REMOUNT | _MS_BIND) != 0:
             raise ConfineError(f"mounting {target} writable: {os.strerror(ctypes.get_errno())}")
+    # A /dev/shm of the pod's own: the shared one let a pod read and change another run's shared memory
+    # (multiprocessing's, a library's tensors). Its pages count in the pod's memory cgroup.
+    if os.path.isdir(_SHARED_MEMORY) and mount("tmpfs", _SHARED_MEMORY, _MS_NOSUID | _MS_NODEV, "tmpfs", "mode=1777"):
+        raise ConfineError(f"mounting a private {_SHARED_MEMORY}: {os.strerror(ctypes.get_errno())}")
 
 
 def _mounts() -> list[tuple[str, set[str]]]:
