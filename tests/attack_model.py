@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from simrun_runtime import ExecContext, MergeContext, SplitTaskType, TaskSettings, UnitContext, UnsplitTaskType
+
+
+HELD: list[int] = []
 
 
 def attempt(action: str, path: str) -> str:
@@ -55,6 +59,21 @@ def attempt(action: str, path: str) -> str:
                 os.unlink(link)
             os.symlink(target, link)
             return "planted"
+        if action == "fifo":
+            # A FIFO held open for writing: whoever reads it waits for as long as this process lives.
+            if os.path.lexists(path):
+                os.unlink(path)
+            os.mkfifo(path)
+            HELD.append(os.open(path, os.O_RDWR))
+            return "fifo"
+        if action == "sleep":
+            time.sleep(float(path))
+            return "slept"
+        if action == "junk":
+            # Lines that are not JSON, one line of 4 MiB, and 4 MiB without an end of line.
+            with open(path, "w") as f:
+                f.write("not json\\n" * 1000 + "[" * (4 << 20) + "\\n" + "{" * (4 << 20))
+            return "junk"
         raise ValueError(f"unknown action {action}")
     except OSError as exc:
         return f"refused:{type(exc).__name__}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -290,3 +291,29 @@ def test_oversized_names_in_requests_are_refused_not_internal(machine: Machine, 
         agent.submit(write_workflow(owner_model, named, "named.yaml"))
     assert sorted(p.name for p in (machine.home / "store" / "runs").iterdir()) == runs
     assert [r.run_id for r in agent.list_runs()] == [mine.run_id]
+
+
+@pytest.mark.parametrize("attack", ["fifo", "junk"])
+def test_a_tasks_progress_file_cannot_stall_or_break_the_servers_reads(
+    machine: Machine, owner_model: Path, attacker_model: Path, attack: str
+) -> None:
+    """The server reads a task's `progress.jsonl` for every GetRun and watch: a FIFO held open in its place (the
+    read waited under the lock every read shares, so no identity could get any run) or lines that are not JSON
+    leave every read answering."""
+    server = machine.start()
+    victim = victim_run(machine, server, owner_model)
+    agent, owner = machine.client(server, "agent", timeout_s=10), machine.client(server, "owner", timeout_s=10)
+    attacks = [[attack, "TASK_DIR/progress.jsonl"], ["sleep", "8"]]
+    settings = json.dumps({"attacks": attacks, "units": 1})
+    text = f"name: p\ntasks:\n  probe:\n    type: e2etasks.attacks:SplitProbe\n    settings: {settings}\n"
+    run = agent.submit(write_workflow(attacker_model, text))
+    planted = StoreLayout(machine.home / "store").run(run.run_id).task("probe").progress
+    deadline = time.monotonic() + 60
+    while not (planted.exists() and (attack != "junk" or planted.stat().st_size > 8 << 20)):
+        assert time.monotonic() < deadline, "the task never planted its progress file"
+        time.sleep(0.05)
+    for _ in range(3):
+        assert agent.get_run(run.run_id).run_id == run.run_id
+        assert owner.get_run(victim.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
+    final = wait_final(agent, run.run_id)
+    assert final.state == common_pb2.RUN_STATE_SUCCEEDED, final.message

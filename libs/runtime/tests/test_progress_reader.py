@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from simrun_runtime.reports import ProgressLog, ProgressReader
 
@@ -23,3 +24,35 @@ def test_units_done_are_distinct_and_read_on_from_the_last_offset(tmp_path):
         f.write(line[10:] + "\n")
     assert reader.units_done() == 4
     log.close()
+
+
+def test_what_a_task_leaves_in_place_of_its_progress_is_no_progress(tmp_path):
+    """The task writes its folder: a link (to another run's progress, /dev/zero), a FIFO or a folder is not read."""
+    other = tmp_path / "other.jsonl"
+    log = ProgressLog(other)
+    for unit in range(5):
+        log.append(unit, "w0", 0.01, 1.0)
+    log.close()
+    for plant in (lambda p: p.symlink_to(other), lambda p: p.symlink_to("/dev/zero"), os.mkfifo, os.mkdir):
+        path = tmp_path / "task" / "progress.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        plant(path)
+        assert ProgressReader(path).units_done() == 0
+        (path.rmdir if path.is_dir() and not path.is_symlink() else path.unlink)()
+
+
+def test_lines_that_are_not_progress_are_skipped_and_reads_are_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(ProgressReader, "PIECE_BYTES", 1024)
+    monkeypatch.setattr(ProgressReader, "READ_BYTES", 8 * 1024)
+    path = tmp_path / "progress.jsonl"
+    line = json.dumps({"unit": 0, "worker": "w0", "seconds": 0.01, "time": 1.0}) + "\n"
+    path.write_text("not json\n" + "{" * 5000 + "\n" + line + "[1, 2]\n")
+    reader = ProgressReader(path)
+    assert reader.units_done() == 1
+    with open(path, "a") as f:
+        f.write("x" * 20_000 + "\n")  # more than one call reads: the next calls go on from where it stopped
+        for unit in range(1, 4):
+            f.write(json.dumps({"unit": unit, "worker": "w0", "seconds": 0.01, "time": 1.0}) + "\n")
+    assert reader.units_done() == 1
+    assert reader.units_done() == 1
+    assert reader.units_done() == 4

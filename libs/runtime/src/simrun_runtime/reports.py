@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from simrun_runtime.files import write_json_atomic
-from simrun_runtime.layout import TaskLayout
+from simrun_runtime.layout import TaskLayout, UnsafePath, open_beneath, read_beneath
 from simrun_runtime.ledger import IntervalSet, UnitRange
 
 REPORT_SCHEMA = 2
@@ -198,15 +198,27 @@ def report_path(task: TaskLayout, worker: str, started_ms: int) -> Path:
     return task.workers / f"{worker}-{started_ms}.json"
 
 
+REPORT_BYTES = 4 << 20
+"""The most of a worker report the server reads (schema 2 is of constant size, a few KiB)."""
+
+
 def load_reports(task: TaskLayout) -> list[WorkerReport]:
-    """Every report of the task, oldest incarnation first."""
+    """Every report of the task, oldest incarnation first; a link or what is not a regular file is no report.
+
+    Raises:
+        ValueError: a report that is not one (the task writes the folder).
+    """
     if not task.workers.is_dir():
         return []
-    reports = [
-        WorkerReport.model_validate_json(path.read_text())
-        for path in task.workers.glob("*.json")
-        if not path.name.startswith(".")
-    ]
+    reports = []
+    for path in task.workers.glob("*.json"):
+        if path.name.startswith("."):
+            continue
+        try:
+            data = read_beneath(task.workers, path.name, limit=REPORT_BYTES)
+        except (FileNotFoundError, UnsafePath):
+            continue
+        reports.append(WorkerReport.model_validate_json(data))
     return sorted(reports, key=lambda r: (r.started_ms, r.worker))
 
 
@@ -256,28 +268,62 @@ class ProgressLog:
 
 
 class ProgressReader:
-    """Follows a `progress.jsonl` from where it last read: the distinct units done so far, each line read once."""
+    """Follows a `progress.jsonl` from where it last read: the distinct units done so far, each line read once.
+
+    The file is in the task's folder, which the task writes: the server reads it for every GetRun and watch, so it
+    opens it without following a link and only as a regular file (a FIFO, /dev/zero or another run's file behind a
+    link is no progress), reads at most `READ_BYTES` a call in pieces of `PIECE_BYTES`, and skips what is not a
+    progress line (a line longer than a piece, text that is not one).
+    """
+
+    PIECE_BYTES = 1 << 20
+    READ_BYTES = 64 << 20
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._offset = 0
         self._units = IntervalSet()
+        self._skipping = False
 
     def units_done(self) -> int:
         """Distinct units in the file now (a unit computed twice is on two lines)."""
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
+            fd = open_beneath(self.path.parent, self.path.name)
+        except (FileNotFoundError, UnsafePath):
             return self._units.total
-        complete = data.rfind(b"\n") + 1  # a line still being written is read next time
-        for line in data[:complete].splitlines():
-            if line.strip():
-                unit = ProgressLine.model_validate_json(line).span
-                self._units.add(unit.first, unit.last)
-        self._offset += complete
+        with os.fdopen(fd, "rb") as f:
+            f.seek(self._offset)
+            for _ in range(self.READ_BYTES // self.PIECE_BYTES):
+                data = f.read(self.PIECE_BYTES)
+                if not self._take(data) or len(data) < self.PIECE_BYTES:
+                    break
         return self._units.total
+
+    def _take(self, data: bytes) -> bool:
+        """Counts the complete lines of `data`, read at the offset; False when the rest must wait for more."""
+        consumed = 0
+        if self._skipping:
+            end = data.find(b"\n")
+            if end < 0:
+                self._offset += len(data)
+                return bool(data)
+            consumed, self._skipping = end + 1, False
+        complete = data.rfind(b"\n") + 1  # a line still being written is read next time
+        if complete > consumed:
+            for line in data[consumed:complete].splitlines():
+                if line.strip():
+                    try:
+                        unit = ProgressLine.model_validate_json(line).span
+                    except ValueError:
+                        continue  # not a line the runtime wrote
+                    self._units.add(unit.first, unit.last)
+            consumed = complete
+        elif consumed == 0 and len(data) == self.PIECE_BYTES:
+            self._offset += len(data)  # one line longer than a piece: no progress line is; skip to its end
+            self._skipping = True
+            return True
+        self._offset += consumed
+        return consumed > 0
 
 
 def read_progress(path: Path) -> list[ProgressLine]:
