@@ -159,6 +159,11 @@ def test_a_second_server_on_the_same_home_is_one_line_naming_the_first(served: t
     assert done.returncode == 1
     expected = r"Error: another simrun server \(pid \d+\) uses the home .+: stop it, or give this one another home\n"
     assert re.fullmatch(expected, done.stderr), done.stderr
+    endpoint, _ = served
+    same_address = subprocess.run(
+        [SIMRUN, "server", "--address", endpoint], capture_output=True, text=True, timeout=60, env=_env(home)
+    )
+    assert same_address.returncode == 1 and re.fullmatch(expected, same_address.stderr), same_address.stderr
 
 
 def test_plaintext_beyond_loopback_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -133,10 +133,14 @@ def server_config(config: Path | None, store: Path | None, address: str | None, 
 )
 def server(store: Path | None, address: str | None, config_file: Path | None, nodes: Path | None) -> None:
     """Serve simrun on this machine: every service in this process on one port, until Ctrl-C."""
+    from simrun_core.homelock import HomeLock
     from simrun_gateway.embedded import EmbeddedServer, serve  # here: the other commands need no services
 
     config = server_config(config_file, store, address, nodes)
     prepare_folders(config)
+    # A second server on the same home most often also has the same address: say the home and the first's pid
+    # (the lock itself is taken when the server starts).
+    HomeLock(config.home, *([config.store] if not config.services.tracker else [])).release()
     check_port_free(config.address)
 
     def ready(embedded: EmbeddedServer) -> None:
