@@ -28,6 +28,7 @@ def test_the_builder_serves_alone_and_stops_on_sigterm(tmp_path: Path) -> None:
             str(tmp_path / "store"),
             "--address",
             f"127.0.0.1:{port}",
+            "--no-auth",
         ],
         env=env,
         stdout=subprocess.DEVNULL,

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import FrameType
 
 from simrun_core.config import ServerConfig
-from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.auth import add_token_arguments, tokens_from_arguments
 
 from simrun_envbuilder.builder import EnvironmentBuilder
 from simrun_envbuilder.convert import settings_from_config
@@ -22,14 +22,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, help="server config (store, environments:); defaults without it")
     parser.add_argument("--store", type=Path, help="root of the run store (overrides the config's)")
     parser.add_argument("--address", default="127.0.0.1:50055", help="host:port to listen on (default %(default)s)")
-    parser.add_argument("--tokens", type=Path, help="tokens file; without it calls need no token")
+    add_token_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = ServerConfig.load(args.config) if args.config else ServerConfig()
     if args.store:
         config = config.model_copy(update={"store": args.store})
     builder = EnvironmentBuilder(settings_from_config(config))
-    tokens = TokenRegistry.load(args.tokens) if args.tokens else None
+    tokens = tokens_from_arguments(parser, args)
     bound = create_server(builder, args.address, tokens).start()
     logging.getLogger("simrun_envbuilder").info("building environments in %s on port %d", builder.root, bound.port)
     stopped = threading.Event()

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.auth import add_token_arguments, tokens_from_arguments
 from simrun_core.rpc.serving import serve
 from simrun_core.rpc.tls import add_tls_arguments, tls_from_arguments
 from simrun_core.telemetry import process_telemetry
@@ -22,12 +22,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--db", type=Path, required=True, help="SQLite file of the observations (store root/observations.sqlite)"
     )
-    parser.add_argument("--tokens", type=Path, help="tokens file; without one, calls are not authenticated")
+    add_token_arguments(parser)
     add_tls_arguments(parser)
     args = parser.parse_args(argv)
     tls = tls_from_arguments(parser, args)
     logging.basicConfig(level=logging.INFO)
-    tokens = TokenRegistry.load(args.tokens) if args.tokens else None
+    tokens = tokens_from_arguments(parser, args)
     telemetry = process_telemetry("simrun-learner")
     with ResourceLearner(args.db) as learner:
         bound = create_server(

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.auth import add_token_arguments, tokens_from_arguments
 from simrun_core.rpc.serving import serve
 from simrun_core.rpc.tls import add_tls_arguments, tls_from_arguments
 from simrun_core.telemetry import process_telemetry
@@ -18,12 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m simrun_snapshot", description=__doc__)
     parser.add_argument("--store", type=Path, required=True, help="root of the run store")
     parser.add_argument("--address", default="127.0.0.1:50053", help="host:port to listen on (default %(default)s)")
-    parser.add_argument("--tokens", type=Path, help="tokens file; without it calls need no token")
+    add_token_arguments(parser)
     add_tls_arguments(parser)
     args = parser.parse_args(argv)
     tls = tls_from_arguments(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    tokens = TokenRegistry.load(args.tokens) if args.tokens else None
+    tokens = tokens_from_arguments(parser, args)
     telemetry = process_telemetry("simrun-snapshot")
     bound = create_server(
         args.store, args.address, tokens, tls=tls, insecure=args.insecure, telemetry=telemetry

@@ -9,7 +9,7 @@ from pathlib import Path
 from simrun_core.config import ServerConfig, private_dir
 from simrun_core.errors import InvalidArgument, SimrunError
 from simrun_core.homelock import HomeLock
-from simrun_core.identity import TokenRegistry
+from simrun_core.rpc.auth import add_no_auth_argument, tokens_from_arguments
 from simrun_core.rpc.serving import serve
 from simrun_core.telemetry import process_telemetry
 from simrun_learner.learner import ResourceLearner
@@ -22,11 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     """Starts the tracker with the config's store, nodes and learner; serves until SIGINT or SIGTERM."""
     parser = argparse.ArgumentParser(prog="python -m simrun_tracker", description="Serve the simrun run tracker.")
     parser.add_argument("--config", type=Path, required=True, help="server config (YAML): store, address, ...")
+    add_no_auth_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     try:
         config = ServerConfig.load(args.config)
-        tokens = TokenRegistry.load(config.tokens_file) if config.tokens_file else None
+        tokens = tokens_from_arguments(parser, args, config.tokens_file, option="tokens_file: in the config")
         telemetry = process_telemetry(TELEMETRY_NAME)
     except InvalidArgument as exc:
         parser.exit(2, f"simrun-tracker: error: {exc}\n")

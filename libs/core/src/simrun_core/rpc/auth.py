@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import contextvars
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -15,6 +17,43 @@ from simrun_core.rpc.errors import status_code
 AUTHORIZATION = "authorization"
 _PUBLIC_PREFIXES = ("/grpc.health.v1.Health/",)
 _identity: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("simrun_identity", default=None)
+
+
+UNAUTHENTICATED_REFUSAL = (
+    "serving without tokens lets every process of this machine call it as the server itself (a task's pods reach "
+    "loopback too): give {option} (the server's tokens.yaml), or --no-auth where only trusted code runs"
+)
+
+
+def add_token_arguments(parser: argparse.ArgumentParser) -> None:
+    """The authentication options of a service's `__main__`: --tokens, --no-auth."""
+    parser.add_argument(
+        "--tokens", type=Path, help="tokens file (the server's tokens.yaml): every call but health needs a token"
+    )
+    add_no_auth_argument(parser)
+
+
+def add_no_auth_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-auth", action="store_true", help="serve without tokens: any local process calls it as the server"
+    )
+
+
+def tokens_from_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, tokens: Path | None = None, option: str = "--tokens FILE"
+) -> TokenRegistry | None:
+    """The registry of `--tokens` (or `tokens`, a config's); a usage error without one unless `--no-auth`.
+
+    A service alone without authentication serves any caller as the server itself (a call without an identity
+    passes every check): a pod of a local server, which may open connections to loopback, could then read every
+    run or write the learner. So it takes an explicit `--no-auth`.
+    """
+    path = tokens if tokens is not None else getattr(args, "tokens", None)
+    if path is None:
+        if not args.no_auth:
+            parser.error(UNAUTHENTICATED_REFUSAL.format(option=option))
+        return None
+    return TokenRegistry.load(path)
 
 
 def current_identity() -> Identity:
