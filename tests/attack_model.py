@@ -151,3 +151,25 @@ class Writer(UnsplitTaskType):
                 f.write(os.urandom(1 << 20))
         return {"mib": settings.mib}
 '''
+
+FORGED_REPORTS = '''
+
+class _ForgingSlow(Slow):
+    """`Slow` as an attacker's snapshot has it: its first unit forges worker reports of 56 GiB per process, kills
+    for memory among them, for incarnations of workers the task never had."""
+
+    def compute_unit(self, settings, index, unit):
+        if index == 0:
+            import glob, json as _json, os as _os
+            workers = _os.path.join(_os.environ["SIMRUN_RUN_DIR"], "tasks", _os.environ["SIMRUN_TASK"], "workers")
+            real = _json.loads(open(sorted(glob.glob(workers + "/*.json"))[0]).read())
+            for n in range(20):
+                forged = dict(real, worker="w0" if n % 2 else f"w{n}", started_ms=real["started_ms"] + n + 1,
+                              processes=1, peak_memory_gb=56.0, per_process_gb=56.0, oom_kills=1, ended="running")
+                with open(_os.path.join(workers, f"forged-{n}.json"), "w") as f:
+                    f.write(_json.dumps(forged))
+        return super().compute_unit(settings, index, unit)
+
+
+Slow = _ForgingSlow
+'''

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from attack_model import ATTACKS
+from attack_model import ATTACKS, FORGED_REPORTS
 from e2e_support import E2E_MODEL, git_repo, wait_final, write_workflow
 from simrun.v1 import common_pb2
 from simrun_core.config import Limits, ReadPolicy
@@ -317,3 +317,25 @@ def test_a_tasks_progress_file_cannot_stall_or_break_the_servers_reads(
         assert owner.get_run(victim.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
     final = wait_final(agent, run.run_id)
     assert final.state == common_pb2.RUN_STATE_SUCCEEDED, final.message
+
+
+def test_a_task_cannot_poison_the_learner_with_forged_worker_reports(
+    machine: Machine, owner_model: Path, tmp_path: Path
+) -> None:
+    """Observations come from the worker reports a task's pods write: an agent's `Slow` in a snapshot named as the
+    owner's model forges reports of 56 GiB per process and kills for memory. Only the server's own facts count (the
+    pods it started, the kills it saw, the memory it gave), so the owner's next run of `Slow` still fits."""
+    server = machine.start()
+    tasks = (owner_model / "e2etasks" / "tasks.py").read_text()
+    forger = git_repo(
+        E2E_MODEL, tmp_path / "agent" / owner_model.name, files={"e2etasks/tasks.py": tasks + FORGED_REPORTS}
+    )
+    agent, owner = machine.client(server, "agent"), machine.client(server, "owner")
+    for n in range(3):
+        run = wait_final(agent, agent.submit(write_workflow(forger, SLOW, f"forge-{n}.yaml")).run_id)
+        assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+        assert run.snapshots[0].name == owner_model.name
+    run = wait_final(owner, owner.submit(write_workflow(owner_model, SLOW)).run_id)
+    assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+    plan = json.loads((machine.home / "store" / "runs" / run.run_id / "run.json").read_text())["tasks"]["values"]
+    assert plan["plan"]["shape"]["memory_gb"] <= 2, plan["plan"]["shape"]

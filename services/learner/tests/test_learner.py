@@ -199,3 +199,21 @@ def test_an_unsplit_task_that_ran_to_its_end_learns_its_seconds_as_one_unit(
     assert [o.per_worker_gb for o in observations] == [8.0, 8.0]  # the memory rule reads what it read before
     learner.record_all(observations)
     assert learner.estimate(KEY, 1, 1, 1).seconds == 2.5
+
+
+def test_the_servers_facts_bound_what_reports_claim(tmp_path: Path) -> None:
+    """The task's pods write its reports: reports of workers the server never started, kills it never saw and
+    memory beyond what it gave are not observed."""
+    task = StoreLayout(tmp_path).run("run-1").task("fit")
+    report("w0", 100, processes=1, peak_memory_gb=56.0, oom_kills=1).write(task)  # one process, 56 GiB, a kill
+    report("w0", 200, processes=2, peak_memory_gb=1.5).write(task)  # the retry
+    for n in range(5):
+        report(f"w{n + 1}", 300 + n, processes=1, peak_memory_gb=56.0, ended=WorkerEnd.RUNNING).write(task)
+    facts = {"memory_gb": 2, "retry_memory_gb": 3, "processes": 2, "retry_processes": 2}
+    seen = observations_from_reports(task, KEY, True, "run-1", **facts, attempts={"w0": 2}, kills={"w0": 1})
+    assert [(o.per_worker_gb, o.oom_killed, o.oom_per_worker_gb) for o in seen] == [
+        (1.0, True, 1.0),
+        (0.75, False, None),
+    ]
+    unseen = observations_from_reports(task, KEY, True, "run-1", **facts, attempts={"w0": 2}, kills={})
+    assert [(o.per_worker_gb, o.oom_killed) for o in unseen] == [(1.0, False), (0.75, False)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from simrun_runtime.layout import TaskLayout
 from simrun_runtime.reports import WorkerEnd, WorkerReport, load_reports
 
@@ -16,6 +18,10 @@ def observations_from_reports(
     *,
     memory_gb: float | None = None,
     retry_memory_gb: float | None = None,
+    processes: int | None = None,
+    retry_processes: int | None = None,
+    attempts: Mapping[str, int] | None = None,
+    kills: Mapping[str, int] | None = None,
 ) -> list[Observation]:
     """One observation per report of a finished task's pods (merge pods aside), oldest first.
 
@@ -24,6 +30,12 @@ def observations_from_reports(
     which the executor retries as a kill for memory); its memory per process then is its limit over its
     processes: `memory_gb` for a worker's first incarnation, `retry_memory_gb` after it was killed once.
 
+    The reports are the task's to write (its pods run its code), so where the server's own facts are given they
+    decide: only the pods it started count (`attempts`, the latest that many reports of each worker), a pod was
+    killed for memory only as often as the server saw (`kills`), and no pod used more than the memory it was given
+    over the processes it was given (`processes`, `retry_processes`). A task then cannot make its key need more
+    than a pod that filled its limit would.
+
     Args:
         task: The task's files in the store.
         key: The key of the task.
@@ -31,28 +43,52 @@ def observations_from_reports(
         run_id: The run the task belongs to.
         memory_gb: The memory of a pod of the plan, GiB; without it a kill takes the peak it measured.
         retry_memory_gb: The memory of a retry of the plan, GiB; without it, `memory_gb`.
+        processes: The processes of a pod of the plan; `retry_processes` those of a retry (else `processes`).
+        attempts: The server's pods started per worker (the record's `attempts`).
+        kills: The server's kills for memory per worker (the record's `oom_kills` of the task).
     """
+    reports = [r for r in load_reports(task) if r.role != "merge"]
+    if attempts is not None:
+        kept: list[WorkerReport] = []
+        for worker, count in attempts.items():
+            kept += sorted((r for r in reports if r.worker == worker), key=lambda r: r.started_ms)[-count:]
+        reports = sorted(kept, key=lambda r: (r.started_ms, r.worker))
     observations = []
-    killed_before: set[str] = set()
-    for report in load_reports(task):
-        if report.role == "merge":
-            continue
-        limit_gb = (retry_memory_gb or memory_gb) if report.worker in killed_before else memory_gb
-        observation = _observation(report, key, succeeded, run_id, limit_gb)
+    killed_before: dict[str, int] = {}
+    for report in reports:
+        retried = killed_before.get(report.worker, 0) > 0
+        limit_gb = (retry_memory_gb or memory_gb) if retried else memory_gb
+        given = (retry_processes or processes) if retried else processes
+        killed = None
+        if kills is not None:
+            killed = killed_before.get(report.worker, 0) < kills.get(report.worker, 0)
+        observation = _observation(report, key, succeeded, run_id, limit_gb, given, killed)
         if observation.oom_killed:
-            killed_before.add(report.worker)
+            killed_before[report.worker] = killed_before.get(report.worker, 0) + 1
         observations.append(observation)
     return observations
 
 
 def _observation(
-    report: WorkerReport, key: ObservationKey, succeeded: bool, run_id: str, limit_gb: float | None
+    report: WorkerReport,
+    key: ObservationKey,
+    succeeded: bool,
+    run_id: str,
+    limit_gb: float | None,
+    processes: int | None = None,
+    killed: bool | None = None,
 ) -> Observation:
     measured = report.per_process_gb if report.processes > 0 and report.peak_memory_gb > 0 else None
-    killed = bool(report.oom_kills) or report.ended is WorkerEnd.RUNNING
+    if measured is not None and processes:
+        # The server's processes, and its limit: a pod's memory cgroup holds it there, a report of more is not
+        # what the pod used.
+        peak = min(report.peak_memory_gb, limit_gb) if limit_gb else report.peak_memory_gb
+        measured = peak / processes
+    if killed is None:
+        killed = bool(report.oom_kills) or report.ended is WorkerEnd.RUNNING
     oom_per_worker_gb = None
     if killed:
-        oom_per_worker_gb = limit_gb / max(report.processes, 1) if limit_gb else measured
+        oom_per_worker_gb = limit_gb / max(processes or report.processes, 1) if limit_gb else measured
     return Observation(
         key=key,
         per_worker_gb=measured,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import grpc
@@ -28,6 +29,9 @@ def _task_observations(store: StoreLayout, record: RunRecord, task_id: str, succ
         return []
     key = ObservationKey(task.type, record.snapshots[0].name, task.cost_value or "")
     shape = (task.plan or {}).get("shape", {})
+    # The reports are written by the task's own pods: the server's facts (the pods it started, the kills for
+    # memory it saw, the memory and processes it gave) bound what they may claim.
+    kills = Counter(kill.worker for kill in record.oom_kills if kill.task_id == task_id)
     return observations_from_reports(
         store.run(record.run_id).task(task_id),
         key,
@@ -35,6 +39,10 @@ def _task_observations(store: StoreLayout, record: RunRecord, task_id: str, succ
         record.run_id,
         memory_gb=shape.get("memory_gb"),
         retry_memory_gb=shape.get("retry_memory_gb"),
+        processes=shape.get("processes"),
+        retry_processes=shape.get("retry_processes"),
+        attempts=dict(task.attempts),
+        kills=kills,
     )
 
 
