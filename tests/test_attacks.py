@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from e2e_support import E2E_MODEL, git_repo, wait_final, write_workflow
 from simrun.v1 import common_pb2, learner_pb2, learner_pb2_grpc, snapshot_pb2, snapshot_pb2_grpc
 from simrun_client.client import Client
 from simrun_core.config import Limits, NodeConfig, ServerConfig, TlsConfig
-from simrun_core.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unavailable
+from simrun_core.errors import FailedPrecondition, InvalidArgument, PermissionDenied, ResourceExhausted, Unavailable
 from simrun_core.identity import add_token
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 from simrun_runtime.confine import landlock_abi
@@ -262,3 +263,33 @@ def test_snapshot_listings_and_provenance_follow_the_read_policy(machine: Machin
     listed = owner.ListSnapshots(snapshot_pb2.ListSnapshotsRequest(name=owner_snapshot.name)).snapshots
     assert [s.snapshot_id for s in listed] == [owner_snapshot.snapshot_id]
     assert listed[0].provenance.branch == "main"
+
+
+def test_one_identity_cannot_hold_every_call_the_server_serves(machine: Machine, model: Path) -> None:
+    """Streams hold one of the server's bounded calls while open: one agent's watches must not starve the others."""
+    from simrun.v1 import tracker_pb2, tracker_pb2_grpc
+
+    server = machine.start(limits=Limits(calls_per_identity=3))
+    agent = machine.client(server, "agent")
+    run = agent.submit(write_workflow(model, SLOW.replace("seconds: 0.05", "seconds: 1.5")))
+    stub = tracker_pb2_grpc.RunTrackerServiceStub(agent.channel)
+    watches = [stub.WatchRun(tracker_pb2.WatchRunRequest(run_id=run.run_id)) for _ in range(3)]
+    for watch in watches:
+        next(watch)  # each stream is open on the server
+    with pytest.raises(grpc.RpcError) as info:
+        stub.GetRun(tracker_pb2.GetRunRequest(run_id=run.run_id), timeout=10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "bob-agent has 3 calls open, the most one identity may (limits.calls_per_identity)" in info.value.details()
+    assert machine.client(server, "owner").get_run(run.run_id).run_id == run.run_id
+    assert machine.client(server, "person").get_run(run.run_id).run_id == run.run_id
+    watches[0].cancel()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert agent.get_run(run.run_id).run_id == run.run_id
+            break
+        except ResourceExhausted:
+            assert time.monotonic() < deadline, "a cancelled watch still counts"
+            time.sleep(0.05)
+    for watch in watches[1:]:
+        watch.cancel()

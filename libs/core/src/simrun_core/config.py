@@ -106,6 +106,12 @@ class Limits(BaseModel):
         default=255, ge=1, le=255, description="Bytes of one component of a snapshot path (255: the file systems')."
     )
     active_runs_per_identity: int = Field(default=50, ge=1, description="Runs not yet ended per identity.")
+    calls_per_identity: int = Field(
+        default=200,
+        ge=1,
+        description="Calls one identity (not the owner, not a service) has open at once, streams included; one "
+        "more is RESOURCE_EXHAUSTED, so no identity holds all of max_concurrent_calls.",
+    )
     output_bytes_per_task: int = Field(
         default=50 << 30, ge=1, description="Bytes of a task's outputs; a task past it fails with a message."
     )

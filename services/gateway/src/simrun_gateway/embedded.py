@@ -169,6 +169,7 @@ def _start(
             tokens=tokens,
             translate={PlanError: FailedPrecondition},
             max_concurrent_calls=config.max_concurrent_calls,
+            calls_per_identity=config.limits.calls_per_identity,
             tls=config.tls,
             insecure=config.insecure,
             telemetry=telemetry,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextvars
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -82,60 +83,117 @@ def _token(metadata: Any) -> str | None:
     return None
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Refuses a call without a known bearer token (UNAUTHENTICATED) and serves it with its identity set."""
+class _CallsInFlight:
+    """The calls each identity has open (streams while open), bounded for all but the owner and services.
 
-    def __init__(self, registry: TokenRegistry) -> None:
+    The server serves a fixed number of calls at once (`max_concurrent_calls`): without a share per identity, one
+    agent holding that many watches or followed logs would leave every other identity RESOURCE_EXHAUSTED.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, identity: Identity) -> bool:
+        """Counts a call of `identity`; False (nothing counted) when it has `limit` open already."""
+        if self.limit is None or identity.is_owner or identity.is_service:
+            return True
+        with self._lock:
+            held = self._open.get(identity.name, 0)
+            if held >= self.limit:
+                return False
+            self._open[identity.name] = held + 1
+            return True
+
+    def leave(self, identity: Identity) -> None:
+        if self.limit is None or identity.is_owner or identity.is_service:
+            return
+        with self._lock:
+            held = self._open.get(identity.name, 0) - 1
+            if held > 0:
+                self._open[identity.name] = held
+            else:
+                self._open.pop(identity.name, None)
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Refuses a call without a known bearer token (UNAUTHENTICATED) and serves it with its identity set.
+
+    With `calls_per_identity`, an identity other than the owner or a service with that many calls open has one
+    more refused at once with RESOURCE_EXHAUSTED (`limits.calls_per_identity`).
+    """
+
+    def __init__(self, registry: TokenRegistry, calls_per_identity: int | None = None) -> None:
         self._registry = registry
+        self._calls = _CallsInFlight(calls_per_identity)
 
     def intercept_service(self, continuation: Callable[..., Any], handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(_PUBLIC_PREFIXES):
             return handler
         registry = self._registry
+        calls = self._calls
 
         def authenticate(context: grpc.ServicerContext) -> Identity:
             try:
-                return registry.authenticate(_token(context.invocation_metadata()))
+                identity = registry.authenticate(_token(context.invocation_metadata()))
             except SimrunError as exc:
                 context.abort(status_code(exc), str(exc))
                 raise  # unreachable: abort raises
+            if not calls.enter(identity):
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{identity.name} has {calls.limit} calls open, the most one identity may "
+                    "(limits.calls_per_identity): close some (watches, followed logs) and call again",
+                )
+            return identity
 
         def unary(fn: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(request: Any, context: grpc.ServicerContext) -> Any:
-                token = _identity.set(authenticate(context))
+                identity = authenticate(context)
+                token = _identity.set(identity)
                 try:
                     return fn(request, context)
                 finally:
                     _identity.reset(token)
+                    calls.leave(identity)
 
             return wrapper
 
         def stream(fn: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 identity = authenticate(context)
-                # The identity is set around each step of the handler only: the thread may serve others between.
-                token = _identity.set(identity)
                 try:
-                    responses = iter(fn(request, context))
+                    yield from _serve_stream(fn, request, context, identity)
                 finally:
-                    _identity.reset(token)
-                try:
-                    while True:
-                        token = _identity.set(identity)
-                        try:
-                            item = next(responses)
-                        except StopIteration:
-                            return
-                        finally:
-                            _identity.reset(token)
-                        yield item
-                finally:
-                    close = getattr(responses, "close", None)
-                    if close is not None:
-                        close()
+                    calls.leave(identity)
 
             return wrapper
+
+        def _serve_stream(
+            fn: Callable[..., Any], request: Any, context: grpc.ServicerContext, identity: Identity
+        ) -> Iterator[Any]:
+            # The identity is set around each step of the handler only: the thread may serve others between.
+            token = _identity.set(identity)
+            try:
+                responses = iter(fn(request, context))
+            finally:
+                _identity.reset(token)
+            try:
+                while True:
+                    token = _identity.set(identity)
+                    try:
+                        item = next(responses)
+                    except StopIteration:
+                        return
+                    finally:
+                        _identity.reset(token)
+                    yield item
+            finally:
+                close = getattr(responses, "close", None)
+                if close is not None:
+                    close()
 
         if handler.unary_unary:
             return handler._replace(unary_unary=unary(handler.unary_unary))

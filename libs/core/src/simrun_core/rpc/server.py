@@ -45,6 +45,7 @@ def build_server(
     tokens: TokenRegistry | None = None,
     translate: Mapping[type[Exception], type[SimrunError]] | None = None,
     max_concurrent_calls: int = 1000,
+    calls_per_identity: int | None = None,
     tls: TlsConfig | None = None,
     insecure: bool = False,
     telemetry: Telemetry | None = None,
@@ -61,6 +62,8 @@ def build_server(
             RESOURCE_EXHAUSTED instead of waiting. A stream holds a thread while open, but a watching stream waits
             on a condition (no CPU), and threads are made only as calls need them, so the bound is cheap to keep
             high; one thread above it is kept free for the calls that must answer the refusal.
+        calls_per_identity: calls one identity (not the owner, not a service) may have open at once; None: no
+            bound but `max_concurrent_calls`.
         tls: serve TLS with this certificate and key (and require client certificates of its client CA).
         insecure: serve plaintext beyond loopback; without it such an address needs `tls`.
         telemetry: where the server's spans go; the process's own (from the OpenTelemetry variables) by default.
@@ -74,7 +77,7 @@ def build_server(
     # Tracing first, so a call's span covers authentication and error mapping (a refused call records status 16).
     interceptors: list[grpc.ServerInterceptor] = [*(telemetry or process_telemetry("simrun")).server_interceptors()]
     if tokens is not None:
-        interceptors.append(AuthInterceptor(tokens))
+        interceptors.append(AuthInterceptor(tokens, calls_per_identity))
     interceptors.append(ErrorInterceptor(translate))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_concurrent_calls + 1, thread_name_prefix="simrun-rpc"),
