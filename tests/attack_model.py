@@ -66,6 +66,8 @@ def attempt(action: str, path: str) -> str:
             os.mkfifo(path)
             HELD.append(os.open(path, os.O_RDWR))
             return "fifo"
+        if action == "raise":
+            raise RuntimeError(path.replace("ESC", chr(27)).replace("BEL", chr(7)))
         if action == "sleep":
             time.sleep(float(path))
             return "slept"

@@ -339,3 +339,22 @@ def test_a_task_cannot_poison_the_learner_with_forged_worker_reports(
     assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
     plan = json.loads((machine.home / "store" / "runs" / run.run_id / "run.json").read_text())["tasks"]["values"]
     assert plan["plan"]["shape"]["memory_gb"] <= 2, plan["plan"]["shape"]
+
+
+def test_a_tasks_failure_message_cannot_drive_the_owners_terminal(
+    machine: Machine, attacker_model: Path, tmp_path: Path
+) -> None:
+    """A task's failure message and the names of its output files are shown to whoever reads the run: an escape
+    sequence in them (here OSC 52, which writes the reader's clipboard, and a clear screen) is shown, not sent."""
+    from click.testing import CliRunner
+    from simrun_cli.main import cli
+
+    server = machine.start()
+    agent = machine.client(server, "agent")
+    attacks = [["raise", "boom ESC]52;c;cm0gLXJmIH4=BEL ESC[2J done"]]
+    run = wait_final(agent, agent.submit(probe_workflow(attacker_model, attacks, split=False)).run_id)
+    assert run.state == common_pb2.RUN_STATE_FAILED
+    env = {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": machine.tokens["owner"], "COLUMNS": "300"}
+    status = CliRunner().invoke(cli, ["status", run.run_id], env=env, catch_exceptions=False)
+    assert "boom \\x1b]52;c;cm0gLXJmIH4=\\x07 \\x1b[2J done" in status.output, status.output
+    assert "\x1b" not in status.output and "\x07" not in status.output

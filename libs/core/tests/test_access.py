@@ -103,3 +103,11 @@ def test_active_runs_per_identity_are_bounded() -> None:
     check_active_runs(limits, BOB_AGENT, 1)
     with pytest.raises(InvalidArgument, match="bob-agent has 2 runs not yet ended"):
         check_active_runs(limits, BOB_AGENT, 2)
+
+
+def test_text_from_a_task_cannot_drive_a_terminal() -> None:
+    from simrun_core.text import printable
+
+    assert printable("unit 3 failed:\n\tValueError") == "unit 3 failed:\n\tValueError"
+    assert printable("a\x1b]52;c;SGVsbG8=\x07b\x9b2J") == "a\\x1b]52;c;SGVsbG8=\\x07b\\x9b2J"
+    assert printable("x" * 10, limit=4) == "xxx…"
