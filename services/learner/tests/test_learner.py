@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -217,3 +218,24 @@ def test_the_servers_facts_bound_what_reports_claim(tmp_path: Path) -> None:
     ]
     unseen = observations_from_reports(task, KEY, True, "run-1", **facts, attempts={"w0": 2}, kills={})
     assert [(o.per_worker_gb, o.oom_killed) for o in unseen] == [(1.0, False), (0.75, False)]
+
+
+def test_a_key_s_observations_kept_in_memory_follow_every_write_of_any_connection(tmp_path: Path) -> None:
+    """Reads are served from memory while the database is unchanged; a write through this store, through
+    another store on the same file or by another program is seen by the next read."""
+    path = StoreLayout(tmp_path).observations
+    with ResourceLearner(path) as learner, ResourceLearner(path) as other:
+        first = learner.record(Observation(KEY, 1.0, succeeded=True, run_id="r1"))
+        assert learner.observations(KEY) == [first]
+        assert learner.observations(KEY) == [first]  # from memory
+        second = other.record(Observation(KEY, 2.0, succeeded=True, run_id="r2"))
+        assert learner.observations(KEY) == [first, second]
+        with sqlite3.connect(path) as connection:  # another program
+            connection.execute("UPDATE observations SET per_worker_gb = 9.0 WHERE run_id = 'r1'")
+        assert [o.per_worker_gb for o in learner.observations(KEY)] == [9.0, 2.0]
+        assert learner.resolve(KEY, HINT).per_worker_gb >= 9.0
+        other.forget(KEY)
+        assert learner.observations(KEY) == []
+        returned = learner.observations(KEY)
+        returned.append(first)  # a caller changing its list changes nothing kept
+        assert learner.observations(KEY) == []
