@@ -256,7 +256,7 @@ def test_serve_stops_the_server_then_the_cleanups_then_the_telemetry(exporter):
 def test_a_service_main_stops_on_sigterm_and_sigint(tmp_path, sig):
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     process = subprocess.Popen(
-        [sys.executable, "-m", "simrun_planner", "--address", "127.0.0.1:0"],
+        [sys.executable, "-m", "simrun_planner", "--address", "127.0.0.1:0", "--no-auth"],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
