@@ -293,3 +293,16 @@ def test_one_identity_cannot_hold_every_call_the_server_serves(machine: Machine,
             time.sleep(0.05)
     for watch in watches[1:]:
         watch.cancel()
+
+
+def test_a_share_group_reads_the_store_but_never_the_tokens(machine: Machine) -> None:
+    """`share_group:` opens the home and the store to one group (0750); the tokens and the owner's token stay 0600."""
+    import grp
+
+    group = grp.getgrgid(os.getgroups()[-1] if os.geteuid() else 65534).gr_name
+    machine.start(share_group=group)
+    home, store = machine.home, machine.home / "store"
+    for folder in (home, store):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o750 and grp.getgrgid(folder.stat().st_gid).gr_name == group
+    for name in ("tokens.yaml", "token"):
+        assert stat.S_IMODE((home / name).stat().st_mode) == 0o600
