@@ -268,3 +268,25 @@ def test_the_command_refuses_a_host_that_is_not_loopback(tmp_path: Path) -> None
     )
     assert result.returncode != 0 and "not a loopback address" in result.stderr
     assert result.stdout == ""
+
+
+def test_refusals_get_advice_that_fits_the_tool_and_the_error() -> None:
+    from simrun_core.errors import NotFound
+    from simrun_mcp.errors import tool_error
+
+    reserve = str(
+        tool_error(PermissionDenied("bob-agent may not reserve node node-a; submit without --reserve"), "submit_run")
+    )
+    assert "submit without reserve" in reserve and "whoami()" in reserve and "read every run" not in reserve
+    outside = str(tool_error(PermissionDenied("'/etc/x' is outside the folders this bridge may read"), "submit_run"))
+    assert outside == "'/etc/x' is outside the folders this bridge may read."
+    token = str(tool_error(InvalidArgument("bad page_token: pass the next_page_token"), "list_runs"))
+    assert "call list_runs again" in token and "estimate_run" not in token and "workflow" not in token
+    setting = str(tool_error(InvalidArgument("task values: unknown setting 'unitz'"), "submit_run"))
+    assert "estimate_run(workflow_path)" in setting and "submit_run again" in setting
+    estimate = str(tool_error(InvalidArgument("task values: unknown setting 'unitz'"), "estimate_run"))
+    assert estimate.count("estimate_run") == 1
+    missing = str(tool_error(NotFound("no run 'x': `simrun list` shows the runs"), "get_run"))
+    assert "list_runs(group)" in missing and "simrun" not in missing
+    unexpected = str(tool_error(RuntimeError("secret detail"), "get_run"))
+    assert "secret detail" not in unexpected and "bridge's log" in unexpected

@@ -7,6 +7,7 @@ import stat
 
 import pytest
 from pydantic import BaseModel, ConfigDict
+from simrun_core.config import ReadPolicy
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import Identity, IdentityKind, Priority
 from simrun_core.key_index import KeyIndex, ReuseSource
@@ -24,6 +25,7 @@ from simrun_runtime.layout import StoreLayout, TaskLayout
 from simrun_runtime.ledger import Ledger, UnitRange, create_ledger
 from simrun_runtime.record import Identity as RecordIdentity
 from simrun_runtime.record import RunRecord, RunState, TaskRecord, TaskState
+from simrun_runtime.reports import ProgressReader, read_progress
 
 ALICE = Identity("alice", IdentityKind.OWNER, Priority.OWNER)
 BOB = Identity("bob", IdentityKind.PERSON, Priority.STANDARD)
@@ -90,12 +92,19 @@ def test_a_downstream_change_keeps_the_upstream_key():
 
 
 def test_who_may_reuse_whose_runs():
+    """Exactly the runs the caller may read: by default a person their own and their agents', an agent its own."""
     assert may_reuse(BOB, record_identity(BOB))
-    assert may_reuse(BOB_AGENT, record_identity(BOB))  # an agent, the runs of the person it acts for
     assert may_reuse(BOB, record_identity(BOB_AGENT))
+    assert may_reuse(BOB_AGENT, record_identity(BOB_AGENT))
+    assert not may_reuse(BOB_AGENT, record_identity(BOB))  # it may not read its person's runs
     assert may_reuse(ALICE, record_identity(CAROL_AGENT))  # the owner reads every run
     assert not may_reuse(CAROL_AGENT, record_identity(BOB))
     assert not may_reuse(BOB_AGENT, record_identity(ALICE))
+    # The server's read policy widens it the same way it widens reads.
+    sharing = ReadPolicy(agents_see_their_person=True, people_see_all=True)
+    assert may_reuse(BOB_AGENT, record_identity(BOB), sharing)
+    assert not may_reuse(BOB_AGENT, record_identity(CAROL_AGENT), sharing)
+    assert may_reuse(BOB, record_identity(CAROL_AGENT), sharing)
 
 
 def test_reuse_policy_parses_the_cli_words():
@@ -160,6 +169,9 @@ def test_a_seeded_ledger_leaves_only_the_missing_units_pending(tmp_path):
     assert ledger.count == 10 and ledger.done_count() == 4
     assert ledger.pending_indices() == [1, 2, 5, 6, 7, 8]
     assert not ledger.has_claims() and ledger.missing() == []
+    # The seeded units are in the progress log, so the new run's units done count them (no seconds: not computed).
+    assert ProgressReader(dest.progress).units_done() == 4
+    assert all(line.seconds is None and line.worker == "seed" for line in read_progress(dest.progress))
     assert (ledger.layout.result(3) / "value.json").read_text() == "9"
     assert (
         os.stat(ledger.layout.result(3) / "value.json").st_ino
@@ -188,7 +200,7 @@ def test_a_ledger_of_ranges_is_seeded_with_the_earlier_values(tmp_path):
         assert ledger.mark_done(index, "w0")
     assert seed_ledger(source, dest, 1000) == len(done)
     seeded = Ledger.of(dest)
-    assert seeded.done_count() == len(done)
+    assert seeded.done_count() == len(done) == ProgressReader(dest.progress).units_done()
     assert sorted(seeded.pending_indices()) == sorted(set(range(1000)) - set(done))
     values, covered = seeded.values()
     assert all(index in covered and values[index] == index * 10 for index in done)
@@ -240,7 +252,12 @@ def test_the_index_finds_the_newest_complete_result_the_caller_may_reuse(tmp_pat
     save_run(store, "r3-bob-unmerged", BOB, TaskState.SUCCEEDED, outputs=False)
     index = KeyIndex(store, tmp_path / "keys.sqlite")
     assert index.rebuild(all_records(store)) == 3
-    assert index.find("k-scan", BOB_AGENT) == ReuseSource("r1-bob", "scan")
+    assert index.find("k-scan", BOB) == ReuseSource("r1-bob", "scan")
+    assert index.find("k-scan", BOB_AGENT) is None  # it may not read Bob's runs
+    sharing = ReadPolicy(agents_see_their_person=True)
+    assert index.find("k-scan", BOB_AGENT, read_policy=sharing) == ReuseSource("r1-bob", "scan")
+    # A person who may read every run reuses the newest, whoever's it is.
+    assert index.find("k-scan", BOB, read_policy=ReadPolicy(people_see_all=True)) == ReuseSource("r2-carol", "scan")
     assert index.find("k-scan", CAROL_AGENT) == ReuseSource("r2-carol", "scan")
     assert index.find("k-scan", BOB, ReusePolicy.NEVER) is None
     assert index.find("k-scan", BOB, ReusePolicy.SAME_RUN) is None  # nothing resumed

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,9 +28,12 @@ from typing import Any
 from simrun_runtime.layout import TaskLayout
 from simrun_runtime.ledger import Ledger, LedgerError, create_ledger
 from simrun_runtime.record import Identity as RecordIdentity
+from simrun_runtime.reports import ProgressLog
 
+from simrun_core.access import Submitter, may_read
+from simrun_core.config import ReadPolicy
 from simrun_core.errors import InvalidArgument
-from simrun_core.identity import Identity
+from simrun_core.identity import Identity, IdentityKind
 
 KEY_VERSION = 1
 """Part of every key: a change of what a key covers gives every task a new key, never a wrong hit."""
@@ -136,11 +140,23 @@ def principal(identity: Identity | RecordIdentity) -> str:
     return identity.on_behalf_of or identity.name
 
 
-def may_reuse(caller: Identity, source: RecordIdentity) -> bool:
-    """Whether `caller` may reuse the results of a run `source` submitted: the cluster's owner may read every
-    run; anyone else the runs of the same person (theirs and their agents'). An agent never reuses another
-    person's run."""
-    return caller.is_owner or principal(caller) == principal(source)
+def may_reuse(caller: Identity, source: RecordIdentity, policy: ReadPolicy | None = None) -> bool:
+    """Whether `caller` may reuse the results of a run `source` submitted: exactly when it may read that run
+    (`simrun_core.access.may_read` under the server's read policy), since a reused task's outputs, summaries and
+    logs become readable in the caller's own run. By default the owner reuses every run, a person their own and
+    their agents', an agent its own; never another person's."""
+    return may_read(caller, Submitter(source.name, source.on_behalf_of), policy or ReadPolicy())
+
+
+def reusable_principal(caller: Identity, policy: ReadPolicy | None = None) -> str | None:
+    """The person whose runs are the only ones `caller` may reuse, or None where it may read anyone's (the owner,
+    a service, a person when every person sees every run): a filter the key index applies before `may_reuse`."""
+    policy = policy or ReadPolicy()
+    if caller.is_owner or caller.kind is IdentityKind.SERVICE:
+        return None
+    if caller.kind is IdentityKind.PERSON and policy.people_see_all:
+        return None
+    return principal(caller)
 
 
 def reuse_message(run_id: str, task_id: str, units: int | None = None) -> str:
@@ -240,32 +256,47 @@ def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
     log = ledger.layout.values_log(SEED_WORKER, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
     seeded_runs = _runs(units)
     seeded = 0
-    for pending in ledger.pending_ranges():
-        if not ledger.claim(pending, SEED_WORKER):
-            continue
-        # Cut the claim at every edge of a seeded run inside it; seeded pieces are done, the rest given back.
-        edges = sorted(
-            {edge for first, last in seeded_runs for edge in (first, last + 1) if pending.first < edge <= pending.last}
-        )
-        pieces = []
-        rest = pending
-        for at in edges:
-            split = ledger.split(rest, SEED_WORKER, at)
-            if split is None:
-                break
-            pieces.append(split[0])
-            rest = split[1]
-        pieces.append(rest)
-        for piece in pieces:
-            if any(first <= piece.first and piece.last <= last for first, last in seeded_runs):
-                seeded += _seed_piece(ledger, source_ledger, piece, values, covered, log)
-            else:
-                ledger.release(piece, SEED_WORKER)
+    progress = ProgressLog(dest.progress)
+    try:
+        for pending in ledger.pending_ranges():
+            if not ledger.claim(pending, SEED_WORKER):
+                continue
+            # Cut the claim at every edge of a seeded run inside it; seeded pieces are done, the rest given back.
+            edges = sorted(
+                {
+                    edge
+                    for first, last in seeded_runs
+                    for edge in (first, last + 1)
+                    if pending.first < edge <= pending.last
+                }
+            )
+            pieces = []
+            rest = pending
+            for at in edges:
+                split = ledger.split(rest, SEED_WORKER, at)
+                if split is None:
+                    break
+                pieces.append(split[0])
+                rest = split[1]
+            pieces.append(rest)
+            for piece in pieces:
+                if any(first <= piece.first and piece.last <= last for first, last in seeded_runs):
+                    seeded += _seed_piece(ledger, source_ledger, piece, values, covered, log, progress)
+                else:
+                    ledger.release(piece, SEED_WORKER)
+    finally:
+        progress.close()
     return seeded
 
 
-def _seed_piece(ledger: Ledger, source: Ledger, piece: Any, values: list[Any], covered: Any, log: Path) -> int:
-    """Puts one claimed piece's earlier results in place and marks it done; the number of units it holds."""
+def _seed_piece(
+    ledger: Ledger, source: Ledger, piece: Any, values: list[Any], covered: Any, log: Path, progress: ProgressLog
+) -> int:
+    """Puts one claimed piece's earlier results in place and marks it done; the number of units it holds.
+
+    Its progress line (no seconds: computed by an earlier run) goes before the done rename, as a worker's does, so
+    the run's units done count the seeded units too.
+    """
     if all(index in covered for index in piece.indices()):
         ledger.append_values(log, piece, values[piece.first : piece.last + 1])
     for index in piece.indices():
@@ -277,6 +308,7 @@ def _seed_piece(ledger: Ledger, source: Ledger, piece: Any, values: list[Any], c
                 shutil.rmtree(tmp, ignore_errors=True)
                 continue
             ledger.place_result(tmp, index)
+    progress.append(piece, SEED_WORKER, None, time.time())
     return piece.last - piece.first + 1 if ledger.mark_done(piece, SEED_WORKER) else 0
 
 
