@@ -113,6 +113,8 @@ def test_arguments_out_of_bounds_are_refused(tmp_path: Path) -> None:
                 ("watch_run", {"run_id": "r", "timeout_s": 600}),
                 ("get_logs", {"run_id": "r", "tail_lines": 100000}),
                 ("list_runs", {"group": "", "state": "sleeping"}),
+                ("get_run", {"run_id": "r" * 100_000}),
+                ("compare_runs", {"run_ids": ["r" * 100_000]}),
             ]:
                 result = await client.call_tool(tool, arguments)
                 assert result.is_error, tool
@@ -124,6 +126,8 @@ def test_arguments_out_of_bounds_are_refused(tmp_path: Path) -> None:
     finally:
         bridge.client.close()
     assert "timeout_s" in texts[0] and "tail_lines" in texts[1] and "state" in texts[2]
+    # An id past any real one's length is refused before it reaches simrun (whose refusal would echo it).
+    assert "run_id" in texts[3] and "at most 200 characters" in texts[3] and "run_ids" in texts[4]
 
 
 def test_a_stuck_simrun_never_hangs_a_tool(silent_endpoint: str, tmp_path: Path) -> None:
@@ -184,6 +188,8 @@ class TestRoots:
             roots.workflow("../missing.yaml")
         with pytest.raises(InvalidArgument, match="no workflow file"):
             roots.workflow("missing.yaml")
+        with pytest.raises(InvalidArgument, match="NUL character"):
+            roots.workflow("w\x00.yaml")
 
     def test_symlinks_out_of_the_roots_are_refused(self, tmp_path: Path) -> None:
         root = tmp_path / "root"

@@ -55,7 +55,12 @@ compare_runs(run_ids). Runs outlive this conversation: their ids stay valid.
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
-RunIdArg = Annotated[str, Field(description="The run's id, as submit_run or list_runs returned it.", min_length=1)]
+# Ids and names are short; a bound keeps a mistaken argument from reaching simrun (whose refusal would echo it).
+MAX_ID_CHARS = 200
+RunIdArg = Annotated[
+    str,
+    Field(description="The run's id, as submit_run or list_runs returned it.", min_length=1, max_length=MAX_ID_CHARS),
+]
 WorkflowArg = Annotated[
     str,
     Field(
@@ -63,6 +68,7 @@ WorkflowArg = Annotated[
         "path starts at the first root. The run runs on a snapshot of that working tree, uncommitted changes "
         "included.",
         min_length=1,
+        max_length=4096,
     ),
 ]
 
@@ -126,10 +132,15 @@ class Bridge:
         ctx: Context,
         group: Annotated[
             str | None,
-            Field(description="The run's group (a study, or your subagents' runs); default: the workflow's."),
+            Field(
+                description="The run's group (a study, or your subagents' runs); default: the workflow's.",
+                max_length=MAX_ID_CHARS,
+            ),
         ] = None,
         single_server: Annotated[bool, Field(description="Place each split task's pod on one server.")] = False,
-        reserve: Annotated[str | None, Field(description="A node (see list_nodes) only this run may use.")] = None,
+        reserve: Annotated[
+            str | None, Field(description="A node (see list_nodes) only this run may use.", max_length=MAX_ID_CHARS)
+        ] = None,
         request_id: Annotated[
             str | None,
             Field(
@@ -202,12 +213,18 @@ class Bridge:
 
     async def list_runs(
         self,
-        group: Annotated[str, Field(description="Only this group's runs; an empty string lists every group.")],
+        group: Annotated[
+            str,
+            Field(description="Only this group's runs; an empty string lists every group.", max_length=MAX_ID_CHARS),
+        ],
         state: Annotated[models.RunStateName | None, Field(description="Only runs in this state.")] = None,
-        owner: Annotated[str | None, Field(description="Only runs this identity submitted (see whoami).")] = None,
+        owner: Annotated[
+            str | None, Field(description="Only runs this identity submitted (see whoami).", max_length=MAX_ID_CHARS)
+        ] = None,
         page_size: Annotated[int, Field(description="Runs per page, 1 to 100.", ge=1, le=MAX_PAGE_SIZE)] = 20,
         page_token: Annotated[
-            str | None, Field(description="The next_page_token of the previous page; omit for the first.")
+            str | None,
+            Field(description="The next_page_token of the previous page; omit for the first.", max_length=1000),
         ] = None,
     ) -> models.RunList:
         """List runs, newest first, one page at a time: each with its state and units done."""
@@ -224,9 +241,12 @@ class Bridge:
     async def compare_runs(
         self,
         run_ids: Annotated[
-            list[str], Field(description="The runs to compare, at most 50; empty to compare a group.", max_length=50)
+            list[Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]],
+            Field(description="The runs to compare, at most 50; empty to compare a group.", max_length=50),
         ],
-        group: Annotated[str | None, Field(description="Compare this group's runs (when run_ids is empty).")] = None,
+        group: Annotated[
+            str | None, Field(description="Compare this group's runs (when run_ids is empty).", max_length=MAX_ID_CHARS)
+        ] = None,
         only_differences: Annotated[bool, Field(description="Only the rows where the runs' values differ.")] = False,
     ) -> models.Comparison:
         """Put the summary values of runs side by side: one row per task and summary key, a value per run."""
@@ -241,14 +261,23 @@ class Bridge:
         self,
         run_id: RunIdArg,
         task_id: Annotated[
-            str | None, Field(description="The task; default: the failed task, else the running one, else the last.")
+            str | None,
+            Field(
+                description="The task; default: the failed task, else the running one, else the last.",
+                max_length=MAX_ID_CHARS,
+            ),
         ] = None,
         worker: Annotated[
-            str | None, Field(description="Only this pod's log: w0 (the coordinator), w1, …; default: every pod.")
+            str | None,
+            Field(
+                description="Only this pod's log: w0 (the coordinator), w1, …; default: every pod.",
+                max_length=MAX_ID_CHARS,
+            ),
         ] = None,
         tail_lines: Annotated[int, Field(description="Last lines per pod, 1 to 500.", ge=1, le=MAX_TAIL_LINES)] = 50,
         pattern: Annotated[
-            str | None, Field(description="Only lines matching this regular expression (Python syntax).")
+            str | None,
+            Field(description="Only lines matching this regular expression (Python syntax).", max_length=1000),
         ] = None,
     ) -> models.Logs:
         """The last lines of a task's pod logs, optionally only those matching a pattern. Never follows."""
