@@ -173,10 +173,15 @@ def test_a_seeded_ledger_leaves_only_the_missing_units_pending(tmp_path):
     assert ProgressReader(dest.progress).units_done() == 4
     assert all(line.seconds is None and line.worker == "seed" for line in read_progress(dest.progress))
     assert (ledger.layout.result(3) / "value.json").read_text() == "9"
-    assert (
-        os.stat(ledger.layout.result(3) / "value.json").st_ino
-        == os.stat(Ledger.of(source).layout.result(3) / "value.json").st_ino
+    # A copy, not a link: a pod of the new run may write its task's folder, and must not change the earlier run's.
+    seeded_file, earlier_file = (
+        ledger.layout.result(3) / "value.json",
+        Ledger.of(source).layout.result(3) / "value.json",
     )
+    assert os.stat(seeded_file).st_ino != os.stat(earlier_file).st_ino
+    seeded_file.chmod(0o644)
+    seeded_file.write_text("tampered")
+    assert earlier_file.read_text() == "9"
     claimer = ledger.claimer("w0")
     claimed = []
     while (unit := claimer.claim()) is not None:

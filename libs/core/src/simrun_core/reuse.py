@@ -7,7 +7,9 @@ mode stay out: results do not depend on them. Every key is known at submission.
 
 A reused task hard-links the earlier outputs into the new run, read-only (they survive the deletion of the earlier
 run); a split task whose earlier run failed or was cancelled seeds its new ledger with the earlier done units, so
-only the missing ones are computed. A source that is missing or not merged is a miss, never an error.
+only the missing ones are computed. Seeded units' files are copied, not linked: the new run's pods may write their
+task's folder (Landlock allows it, and a pod may chmod what it can name), so a link there would let them change the
+earlier run's results. A source that is missing or not merged is a miss, never an error.
 """
 
 from __future__ import annotations
@@ -238,7 +240,8 @@ def _runs(indices: list[int]) -> list[tuple[int, int]]:
 
 def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
     """Creates `dest`'s ledger of `count` units with the units done in `source` already done: their values
-    copied into a log of the new ledger and their files hard-linked; only the others stay pending. Returns how
+    copied into a log of the new ledger and their files copied (never linked: the new run's pods may write their
+    task's folder); only the others stay pending. Returns how
     many units were seeded (0: a miss, nothing created).
 
     Safe because a unit's result depends on the settings, its index, the code and the environment only, which is
@@ -303,7 +306,7 @@ def _seed_piece(
         if source.has_result(index):
             tmp = ledger.layout.result_tmp(index, SEED_WORKER, os.getpid())
             try:
-                _link_tree(source.layout.result(index), tmp)
+                shutil.copytree(source.layout.result(index), tmp, symlinks=True)
             except FileNotFoundError:
                 shutil.rmtree(tmp, ignore_errors=True)
                 continue
