@@ -321,3 +321,28 @@ def test_the_workflow_file_is_left_out_of_a_snapshots_key():
     assert snapshot_key(code_edited, "tasks: a") != snapshot_key(listing, "tasks: a")
     made_executable = {**listing, "executable": ["model.py"]}
     assert snapshot_key(made_executable, "tasks: a") != snapshot_key(listing, "tasks: a")
+
+
+def test_the_servers_own_python_is_keyed_by_what_is_installed_in_it(monkeypatch):
+    """The environment `default` (a model run in the server's Python) has one id whatever is installed: its keys
+    take the installed distributions instead, so upgrading a package there reuses nothing computed before."""
+    import importlib.metadata
+
+    from simrun_core import reuse
+
+    tasks = workflow()
+    reuse.server_environment_digest.cache_clear()
+    before = keys(tasks, env="default")
+    assert before == keys(tasks, env="default")
+    real = list(importlib.metadata.distributions())
+    upgraded = [d for d in real if (d.metadata["Name"] or "").lower() != "pydantic"]
+    assert len(upgraded) == len(real) - 1
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: upgraded)
+    reuse.server_environment_digest.cache_clear()
+    try:
+        after = keys(tasks, env="default")
+    finally:
+        monkeypatch.undo()
+        reuse.server_environment_digest.cache_clear()
+    assert after["scan"] != before["scan"] and after["fit"] != before["fit"]
+    assert keys(tasks, env="env-1") == keys(tasks, env="env-1") != before  # a built environment's id is its content

@@ -14,11 +14,14 @@ earlier run's results. A source that is missing or not merged is a miss, never a
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
 import stat
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -102,6 +105,30 @@ def snapshot_key(listing: Mapping[str, Any], workflow_text: str | None = None) -
     return digest.hexdigest()
 
 
+SERVER_ENVIRONMENT = "default"
+"""The environment id of a model run in the server's own Python (no `pyproject.toml`, or `environments.kind:
+server`): the same id whatever is installed there, so its keys take the installation's content instead."""
+
+
+@functools.cache
+def server_environment_digest() -> str:
+    """What the server's own Python is, for task keys: its version and every installed distribution's name and
+    version (read once per process: upgrading a package there restarts the server)."""
+    installed = sorted(
+        {f"{dist.metadata['Name'] or ''}=={dist.version}" for dist in importlib.metadata.distributions()}
+    )
+    material = {"python": sys.version, "executable": sys.executable, "distributions": installed}
+    return hashlib.sha256(canonical_json(material).encode()).hexdigest()
+
+
+def environment_key(environment: str | None) -> str:
+    """The environment as task keys see it: its id, which names its locked content, except for the server's own
+    Python, whose id says nothing of what is installed (`server_environment_digest`)."""
+    if environment == SERVER_ENVIRONMENT:
+        return f"{SERVER_ENVIRONMENT}:{server_environment_digest()}"
+    return environment or ""
+
+
 def task_key(
     task: KeyInputs, snapshot_ids: Iterable[str], environment: str | None, upstream_keys: Mapping[str, str]
 ) -> str:
@@ -119,7 +146,7 @@ def task_key(
         "type": task.type,
         "settings": task.settings,
         "snapshots": list(snapshot_ids),
-        "environment": environment or "",
+        "environment": environment_key(environment),
         "inputs": inputs,
         "split": task.split,
     }
