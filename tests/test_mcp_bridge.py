@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from e2e_support import TOKENS, expected_total, write_workflow
 from mcp import Client as MCPClient
 from simrun_gateway.embedded import EmbeddedServer
@@ -250,3 +258,72 @@ def test_results_are_json_the_agent_can_parse(start_server, e2e_model):
             assert result.structured_content["priority"] == "owner"
 
     anyio.run(session)
+
+
+def test_an_agent_over_streamable_http(start_server, e2e_model, tmp_path):
+    """`simrun-mcp --http` as a host that connects by URL uses it: the agent's token, a tool error in the tools'
+    words, and a request naming another host refused (DNS rebinding from a browser)."""
+    server = start_server()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "SIMRUN_ENDPOINT": server.address,
+        "SIMRUN_TOKEN": TOKENS["agent"],
+        "SIMRUN_MCP_ROOTS": str(e2e_model),
+    }
+    bridge = subprocess.Popen(
+        [sys.executable, "-m", "simrun_mcp", "--http", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert bridge.poll() is None, bridge.communicate()
+                time.sleep(0.2)
+
+        async def session() -> None:
+            async with MCPClient(url) as client:
+                me = await call(client, "whoami")
+                assert (me["name"], me["priority"]) == ("bob-agent", "agent")
+                text = await refused(client, "get_run", run_id="no-such-run")
+                assert "no run 'no-such-run'" in text and "list_runs" in text
+
+        anyio.run(session)
+        initialize = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "x", "version": "1"},
+                },
+            }
+        ).encode()
+        request = urllib.request.Request(
+            url,
+            data=initialize,
+            headers={
+                "Host": f"attacker.example:{port}",
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+            },
+        )
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(request, timeout=30)
+        answer.value.close()
+        assert answer.value.code == 421
+    finally:
+        bridge.terminate()
+        out, err = bridge.communicate(timeout=30)
+    assert out == b"" and b"Traceback" not in err, err.decode()

@@ -296,3 +296,27 @@ def test_refusals_get_advice_that_fits_the_tool_and_the_error() -> None:
     assert "list_runs(group)" in missing and "simrun" not in missing
     unexpected = str(tool_error(RuntimeError("secret detail"), "get_run"))
     assert "secret detail" not in unexpected and "bridge's log" in unexpected
+
+
+def test_big_results_are_cut_and_say_so() -> None:
+    """A run of many tasks, long messages and a comparison of many rows stay within the caps, flagged `truncated`."""
+    from simrun.v1 import common_pb2, tracker_pb2
+    from simrun_mcp import convert
+
+    run = common_pb2.Run(run_id="r", state=common_pb2.RUN_STATE_FAILED, message="x" * 5000)
+    for i in range(60):
+        run.tasks.add(task_id=f"t{i}", type="m:T", state=common_pb2.TASK_STATE_FAILED, message="y" * 3000)
+    fields = convert.run_fields(run)
+    assert fields["truncated"] and len(fields["tasks"]) == convert.MAX_TASKS
+    assert len(fields["message"]) == convert.MAX_MESSAGE_CHARS and fields["message"].endswith("…")
+    assert all(len(t.message) <= convert.MAX_MESSAGE_CHARS for t in fields["tasks"])
+    small = common_pb2.Run(run_id="r", state=common_pb2.RUN_STATE_SUCCEEDED)
+    small.tasks.add(task_id="t", type="m:T", state=common_pb2.TASK_STATE_SUCCEEDED)
+    assert not convert.run_fields(small)["truncated"]
+
+    response = tracker_pb2.CompareRunsResponse(run_ids=["a", "b"])
+    for i in range(500):
+        response.rows.add(task_id="t", key=f"k{i}", values=[str(i), '"' + "z" * 2000 + '"'])
+    compared = convert.comparison(response, only_differences=False)
+    assert compared.truncated and len(compared.rows) == convert.MAX_ROWS and compared.rows_total == 500
+    assert all(len(row.values[1]) <= convert.MAX_VALUE_CHARS for row in compared.rows)
