@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from e2e_support import TOKENS, expected_total, wait_final, write_workflow
 from simrun.v1 import common_pb2
 from simrun_cli.main import cli
-from simrun_core.errors import NotFound
+from simrun_core.errors import FailedPrecondition, NotFound
 from simrun_learner.rules import ObservationKey
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.ledger import Ledger
@@ -109,6 +109,9 @@ def test_a_cancelled_split_task_resumes_with_only_its_missing_units(start_server
         if done >= 4:
             break
         time.sleep(0.05)
+    # A run still computing cannot be resumed: its tasks have not ended, so nothing of it could be reused yet.
+    with pytest.raises(FailedPrecondition, match="resume it once it has ended"):
+        client.submit(workflow, resume_from=first.run_id)
     client.cancel(first.run_id)
     assert wait_final(client, first.run_id).state == common_pb2.RUN_STATE_CANCELLED
     # Done units of its ledger (the reports of stopped pods may not have counted their last units yet).

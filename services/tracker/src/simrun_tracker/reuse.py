@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from simrun_core.config import ReadPolicy
-from simrun_core.errors import InvalidArgument, NotFound
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_core.identity import Identity, IdentityKind, Priority
 from simrun_core.key_index import KeyIndex, ReuseSource
 from simrun_core.reuse import (
@@ -62,6 +62,7 @@ def check_request(
         InvalidArgument: `--rerun` names a task the workflow does not have, or `same-run` without a run to resume.
         NotFound: no run `resume_from`, or one the read policy hides from the caller (worded the same, so a
             hidden run's existence and owner are not told).
+        FailedPrecondition: the run to resume has not ended.
     """
     unknown = sorted(set(request.rerun) - set(task_ids))
     if unknown:
@@ -72,6 +73,12 @@ def check_request(
         source: RunRecord = load(request.resume_from)  # NotFound for an unknown run
         if not may_reuse(caller, source.identity, read_policy):
             raise NotFound(f"no run {request.resume_from!r}: `simrun list` shows the runs")
+        if not source.state.final:
+            # Only ended tasks can be reused: resuming now would compute again what the run is computing.
+            raise FailedPrecondition(
+                f"run {request.resume_from} is {source.state.value}: resume it once it has ended "
+                f"(`simrun cancel {request.resume_from}` ends it now)"
+            )
 
 
 def snapshot_keys(store: StoreLayout, record: RunRecord) -> list[str]:
