@@ -26,6 +26,7 @@ from pydantic import Field
 from simrun.v1 import common_pb2, tracker_pb2
 from simrun_client.client import Client, git_toplevel
 from simrun_core.errors import FailedPrecondition, InvalidArgument
+from simrun_core.telemetry import Telemetry, process_telemetry
 
 from simrun_mcp import convert, models
 from simrun_mcp.errors import tool_error
@@ -33,6 +34,9 @@ from simrun_mcp.roots import Roots
 
 T = TypeVar("T")
 log = logging.getLogger("simrun_mcp")
+
+SERVICE_NAME = "simrun-mcp"
+"""The bridge's OpenTelemetry service name (`OTEL_SERVICE_NAME` overrides it)."""
 
 MAX_WATCH_S = 120.0
 DEFAULT_WATCH_S = 60.0
@@ -83,6 +87,7 @@ class Bridge:
         max_streams: watches that may hold a WatchRun stream at once; further ones poll GetRun every `poll_s`.
         poll_s: seconds between two reads of a polled watch.
         max_threads: blocking calls (watches included) that may run at once.
+        telemetry: where the spans of the tool calls go (`simrun-mcp`); by default the client's.
     """
 
     def __init__(
@@ -94,8 +99,10 @@ class Bridge:
         max_streams: int = DEFAULT_MAX_STREAMS,
         poll_s: float = 0.5,
         max_threads: int = 200,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.client = client
+        self.telemetry = telemetry or client.telemetry
         self.roots = roots
         self.call_timeout_s = call_timeout_s
         self.poll_s = poll_s
@@ -461,15 +468,22 @@ def _pick_task(run: common_pb2.Run) -> str | None:
     return run.tasks[0].task_id if run.tasks else None
 
 
-def _guarded(name: str, method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """The tool method, with every failure turned into the `ToolError` the model reads."""
+def _guarded(name: str, method: Callable[..., Awaitable[T]], telemetry: Telemetry) -> Callable[..., Awaitable[T]]:
+    """The tool method, with every failure turned into the `ToolError` the model reads, in a span `tool <name>`
+    when spans are recorded (the client's calls, made in worker threads that copy the context, are its children)."""
 
     @functools.wraps(method)
     async def tool(*args: Any, **kwargs: Any) -> T:
-        try:
-            return await method(*args, **kwargs)
-        except Exception as exc:
-            raise tool_error(exc, name) from None
+        if not telemetry.recording:
+            try:
+                return await method(*args, **kwargs)
+            except Exception as exc:
+                raise tool_error(exc, name) from None
+        with telemetry.span(f"tool {name}", attributes={"mcp.tool.name": name}):
+            try:
+                return await method(*args, **kwargs)
+            except Exception as exc:
+                raise tool_error(exc, name) from None
 
     return tool
 
@@ -505,7 +519,7 @@ def build_server(bridge: Bridge, *, name: str = "simrun") -> MCPServer:
     for tool_name, title, hints in _TOOLS:
         method = getattr(bridge, tool_name)
         server.add_tool(
-            _guarded(tool_name, method),
+            _guarded(tool_name, method, bridge.telemetry),
             name=tool_name,
             title=title,
             description=" ".join((method.__doc__ or "").split()),
@@ -531,11 +545,15 @@ def connect(
     *,
     call_timeout_s: float = 60.0,
     max_streams: int = DEFAULT_MAX_STREAMS,
+    telemetry: Telemetry | None = None,
 ) -> tuple[MCPServer, Bridge]:
-    """A server and its bridge over a new client of simrun at `endpoint` with `token` (see `Client`)."""
-    client = Client(endpoint, token, timeout_s=call_timeout_s)
+    """A server and its bridge over a new client of simrun at `endpoint` with `token` (see `Client`); its spans
+    (a span per tool call above the client's) go to `telemetry`, by default the OpenTelemetry variables' as
+    `simrun-mcp`."""
+    telemetry = telemetry or process_telemetry(SERVICE_NAME)
+    client = Client(endpoint, token, timeout_s=call_timeout_s, telemetry=telemetry)
     roots = roots if isinstance(roots, Roots) else Roots(roots)
-    bridge = Bridge(client, roots, call_timeout_s=call_timeout_s, max_streams=max_streams)
+    bridge = Bridge(client, roots, call_timeout_s=call_timeout_s, max_streams=max_streams, telemetry=telemetry)
     return build_server(bridge), bridge
 
 
