@@ -126,7 +126,9 @@ def test_outputs_are_hard_linked_read_only_and_outlive_their_run(tmp_path):
     store = StoreLayout(tmp_path)
     source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
     finished_outputs(source)
+    (source.out_port("samples") / "latest").symlink_to("deep")  # a link to a folder stays a link
     assert link_outputs(source, dest)
+    assert os.readlink(dest.out_port("samples") / "latest") == "deep"
     copied = dest.out_port("samples") / "deep" / "a.bin"
     original = source.out_port("samples") / "deep" / "a.bin"
     assert copied.read_bytes() == b"\x00\x01"
@@ -135,7 +137,7 @@ def test_outputs_are_hard_linked_read_only_and_outlive_their_run(tmp_path):
     assert dest.merge_marker.is_file() and dest.summary.read_text() == '{"mean": 1.5}'
     assert not link_outputs(source, dest)  # outputs in place already
     for path in sorted(source.root.rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
+        path.unlink() if path.is_file() or path.is_symlink() else path.rmdir()
     assert copied.read_bytes() == b"\x00\x01"
     assert not list(dest.root.glob(".out.building-*"))
 

@@ -230,7 +230,10 @@ def _link_tree(source: Path, dest: Path) -> None:
     for root, dirs, files in os.walk(source):
         relative = Path(root).relative_to(source)
         for name in dirs:
-            (dest / relative / name).mkdir()
+            if (Path(root) / name).is_symlink():  # os.walk lists it as a folder and does not descend: a link again
+                os.symlink(os.readlink(Path(root) / name), dest / relative / name)
+            else:
+                (dest / relative / name).mkdir()
         for name in files:
             origin = Path(root) / name
             if origin.is_symlink():
