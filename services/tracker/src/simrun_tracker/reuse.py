@@ -59,7 +59,8 @@ def check_request(
     """Refuses a request naming an unknown task to rerun or a run to resume the caller may not read.
 
     Raises:
-        InvalidArgument: `--rerun` names a task the workflow does not have, or `same-run` without a run to resume.
+        InvalidArgument: `--rerun` names a task the workflow does not have, `same-run` without a run to resume,
+            or `never` with one.
         NotFound: no run `resume_from`, or one the read policy hides from the caller (worded the same, so a
             hidden run's existence and owner are not told).
         FailedPrecondition: the run to resume has not ended.
@@ -69,6 +70,10 @@ def check_request(
         raise InvalidArgument(f"cannot rerun {', '.join(unknown)}: no such task (tasks: {', '.join(task_ids)})")
     if request.policy is ReusePolicy.SAME_RUN and not request.resume_from:
         raise InvalidArgument("reuse same-run needs the run to resume: give --resume-from RUN")
+    if request.policy is ReusePolicy.NEVER and request.resume_from:
+        raise InvalidArgument(
+            "reuse never takes nothing from --resume-from RUN: drop --reuse never to resume, or --resume-from"
+        )
     if request.resume_from:
         source: RunRecord = load(request.resume_from)  # NotFound for an unknown run
         if not may_reuse(caller, source.identity, read_policy):
