@@ -306,7 +306,8 @@ class RunTracker:
         with self.telemetry.span("planning", parent=traceparent, attributes={"simrun.run_id": run_id}):
             model_root = check_snapshots(self.store, snapshots)
             interpreter = self.interpreters.interpreter(environment.environment_id, snapshots=snapshots)
-            descriptions = describe_tasks(self.describer, interpreter, model_root, workflow)
+            libraries = tuple(s.resolve(self.store) for s in snapshots[1:])
+            descriptions = describe_tasks(self.describer, interpreter, model_root, workflow, libraries)
             for task_id, description in descriptions.items():
                 if description.split:
                     self.guard.check_units(task_id, description.units)
