@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -182,11 +183,38 @@ def read_lock(data: bytes) -> LockedEnvironment:
 
 
 def reason(stderr: str) -> str:
-    """The first lines of uv's reason: what it says after its progress lines, hints kept."""
+    """The first lines of uv's reason: what it says after its progress lines, hints kept, a build backend's
+    traceback cut to its exception (its frames, the lines uv would show first, say nothing to a model's author)."""
     lines = [line.rstrip() for line in stderr.splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith(("Using CPython", "Resolved ", "Building ", "Built "))]
+    lines = _without_frames(lines)
     text = "\n".join(lines[:REASON_LINES])
     return text or "uv failed without a message"
+
+
+_EXCEPTION = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit|Warning)\b(:.*)?$")
+
+
+def _without_frames(lines: list[str]) -> list[str]:
+    """`lines` with each `Traceback (most recent call last):` and its frames left out, up to its last exception
+    line (a chained traceback's last one), which is kept with what follows."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != "Traceback (most recent call last):":
+            out.append(lines[i])
+            i += 1
+            continue
+        last = next(
+            (j for j in range(len(lines) - 1, i, -1) if _EXCEPTION.match(lines[j]) and not lines[j].startswith("hint")),
+            None,
+        )
+        if last is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        i = last
+    return out
 
 
 def _uv_lock(folder: Path, uv: UvSettings, interpreter: Interpreter) -> subprocess.CompletedProcess[str]:
