@@ -38,6 +38,38 @@ def test_a_hanging_unit_is_killed_at_its_limit_and_the_task_goes_on(pods: Any, h
     assert not task.failure.exists() and Ledger.of(task).failed() == []
 
 
+def test_a_unit_whose_process_crashes_is_retried_and_the_task_goes_on(pods: Any, tmp_path: Path) -> None:
+    """A unit that kills its own process (a C extension's segfault) fails that unit alone, not the pod."""
+    expected = pods.lay_out("expected", "scan", SCAN, {"points": 6})
+    assert pods.run(pods.env(expected, "scan")).returncode == 0
+    run = pods.lay_out("crash", "scan", SCAN, {"points": 6, "crash_unit": 2, "crash_once": str(tmp_path / "crashed")})
+    task = run.task("scan")
+    done = pods.run(pods.env(run, "scan", processes=2), timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = "the process computing unit 2 on worker w0 died of SIGSEGV (exit code 139)"
+    retried = "unit 2 failed on worker w0 (attempt 1 of 2), given back for another try"
+    assert f"{retried}: UnitCrashed: {said}" in done.stderr
+    assert json.loads(task.summary.read_text()) == json.loads(expected.task("scan").summary.read_text())
+    assert not task.failure.exists() and Ledger.of(task).failed() == []
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [("abort", "died of SIGABRT (exit code 134)"), ("exit", "exited with status 3 (os._exit or a C library's exit)")],
+)
+def test_a_unit_crashing_every_time_fails_the_task_naming_the_unit_and_how(pods: Any, how: str, said: str) -> None:
+    run = pods.lay_out(f"crash-{how}", "scan", SCAN, {"points": 4, "crash_unit": 1, "crash_how": how})
+    task = run.task("scan")
+    done = pods.run(pods.env(run, "scan", processes=2), timeout=60)
+    assert done.returncode == 1, done.stderr
+    failure = json.loads(task.failure.read_text())
+    assert failure["unit"] == 1 and failure["worker"] == "w0" and failure["exception"] == "UnitCrashed"
+    assert failure["message"] == (
+        f"unit 1 failed on worker w0 (attempt 2 of 2): UnitCrashed: the process computing unit 1 on worker w0 {said}"
+    )
+    assert not task.merge_marker.exists() and not task.out.exists()
+
+
 def test_a_unit_hanging_every_time_fails_the_task_at_the_types_own_limit(pods: Any) -> None:
     run = pods.lay_out("hang-always", "scan", "simrun_toymodel:QuickHang", {"points": 3, "hang_unit": 1})
     task = run.task("scan")

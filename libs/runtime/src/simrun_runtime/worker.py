@@ -22,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -284,6 +285,9 @@ class Worker:
                 elif event.timed_out:
                     failed = self._timed_out(ledger, pool, event, limit_s) or failed
                     exhausted = False
+                elif (crash := self._crash(event)) is not None:
+                    failed = self._unit_killed(ledger, pool, event, crash, "UnitCrashed") or failed
+                    exhausted = False
                 else:
                     code = signal_exit_code(event.exitcode)
                     if code == EXIT_KILLED or self.keeper.oom_killed():
@@ -329,9 +333,36 @@ class Worker:
             ledger.release(after, worker)
         return self._unit_failed(ledger, rest, result.error)
 
+    def _crash(self, died: ProcessDied) -> str | None:
+        """Why a pool process died of its unit's own doing (a signal other than SIGKILL, as a C extension's
+        segfault or abort, or an exit from `os._exit`), or None: a SIGKILL or a kill the cgroup counted is the
+        pod's (memory, or an operator), and a process that was computing no unit fails the pod as before."""
+        if died.unit is None or died.exitcode is None or died.exitcode == -signal.SIGKILL:
+            return None
+        if self.keeper.oom_killed():
+            return None
+        if died.exitcode < 0:
+            try:
+                name = signal.Signals(-died.exitcode).name
+            except ValueError:
+                name = f"signal {-died.exitcode}"
+            how = f"died of {name} (exit code {signal_exit_code(died.exitcode)})"
+        else:
+            how = f"exited with status {died.exitcode} (os._exit or a C library's exit)"
+        return f"the process computing unit {died.unit} on worker {self.env.worker} {how}"
+
     def _timed_out(self, ledger: Ledger, pool: UnitPool, died: ProcessDied, limit_s: float) -> TaskFailed | None:
-        """A unit ran past its limit and its process was killed: the unit counts as failed, the rest of its claim
-        (whose values died with the process) is given back, the claims queued behind it go to a new process."""
+        """A unit ran past its limit and its process was killed: the unit counts as failed (`_unit_killed`)."""
+        index = died.unit if died.unit is not None else died.claims[0].first
+        detail = f"unit {index} ran past its time limit of {limit_s:g} s on worker {self.env.worker} and was killed"
+        return self._unit_killed(ledger, pool, died, detail, "UnitTimeout")
+
+    def _unit_killed(
+        self, ledger: Ledger, pool: UnitPool, died: ProcessDied, detail: str, exception: str
+    ) -> TaskFailed | None:
+        """A unit's process died (killed at the unit's time limit, or crashed): the unit counts as failed, the
+        rest of its claim (whose values died with the process) is given back, the claims queued behind it go to a
+        new process."""
         worker = self.env.worker
         pool.replace_dead()
         current, *queued = died.claims
@@ -352,8 +383,7 @@ class Worker:
             rest, after = halves
             ledger.release(after, worker)
         ledger.remove_tmp_of(worker, index)
-        detail = f"unit {index} ran past its time limit of {limit_s:g} s on worker {worker} and was killed"
-        return self._unit_failed(ledger, rest, f"{detail}\nUnitTimeout: {detail}\n")
+        return self._unit_failed(ledger, rest, f"{detail}\n{exception}: {detail}\n")
 
     def _unit_failed(self, ledger: Ledger, unit: UnitRange, error: str) -> TaskFailed | None:
         """Gives a failed unit back for another try, or, past its retries, fails the task (failure.json)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +43,9 @@ class ScanSettings(TaskSettings):
     fail_unit: int | None = None
     hang_unit: int | None = Field(default=None, description="This unit hangs (the first time only with hang_once).")
     hang_once: str | None = Field(default=None, description="A file created by the first attempt at hang_unit.")
+    crash_unit: int | None = Field(default=None, description="This unit kills its process (once with crash_once).")
+    crash_once: str | None = Field(default=None, description="A file created by the first attempt at crash_unit.")
+    crash_how: str = Field(default="segv", description="`segv` (SIGSEGV), `abort` (SIGABRT) or `exit` (os._exit(3)).")
     say: bool = Field(default=False, description="Each unit prints a line to stdout and one to stderr.")
     merge_fails: str | None = Field(default=None, description="`raise` or `list`: the merge raises, returns a list.")
 
@@ -64,6 +69,12 @@ class Scan(SplitTaskType):
             print(f"working on {index}", end="", file=sys.stderr)
             print("...", file=sys.stderr)
             subprocess.run([sys.executable, "-c", f"print('from a subprocess of {index}')"], check=True)
+        if settings.crash_unit == index and (settings.crash_once is None or not Path(settings.crash_once).exists()):
+            if settings.crash_once is not None:
+                Path(settings.crash_once).touch()
+            if settings.crash_how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGABRT if settings.crash_how == "abort" else signal.SIGSEGV)
         if settings.hang_unit == index:
             first = settings.hang_once is None or not Path(settings.hang_once).exists()
             if settings.hang_once is not None:
