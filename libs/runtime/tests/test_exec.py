@@ -107,3 +107,12 @@ def test_a_run_dir_laid_out_by_the_cli_runs_with_the_installed_scripts(tmp_path:
     done = subprocess.run([scripts / "simrun-worker"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads((run_dir / "tasks" / "scan" / "out" / "summary.json").read_text())["points"] == 5
+
+
+def test_a_child_that_dies_is_said_in_words() -> None:
+    from simrun_runtime.pod import Stopper, death_of, run_in_child
+
+    assert death_of(-11) == "died of SIGSEGV (exit code 139)"
+    assert death_of(3) == "exited with status 3 (os._exit or a C library's exit)"
+    outcome = run_in_child(lambda: os.kill(os.getpid(), signal.SIGABRT), Stopper())
+    assert outcome.error == "the process died of SIGABRT (exit code 134)"

@@ -430,11 +430,24 @@ def run_in_child(fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], Non
         if tick is not None:
             tick()
     if message is None:
-        return ChildOutcome(error=f"the process died with exit code {process.exitcode}", exitcode=process.exitcode)
+        return ChildOutcome(error=f"the process {death_of(process.exitcode)}", exitcode=process.exitcode)
     kind, value = message
     if kind == "error":
         return ChildOutcome(error=value, exitcode=process.exitcode)
     return ChildOutcome(value=value, exitcode=process.exitcode)
+
+
+def death_of(returncode: int | None) -> str:
+    """How a process that gave no answer ended, in words: `died of SIGSEGV (exit code 139)`, `exited with status 3`."""
+    if returncode is None:
+        return "died (its exit status is unknown)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"died of {name} (exit code {signal_exit_code(returncode)})"
+    return f"exited with status {returncode} (os._exit or a C library's exit)"
 
 
 def signal_exit_code(returncode: int | None) -> int:

@@ -45,6 +45,7 @@ from simrun_runtime.pod import (
     Stopper,
     TaskSetup,
     UsageError,
+    death_of,
     exception_of,
     fail,
     signal_exit_code,
@@ -341,15 +342,7 @@ class Worker:
             return None
         if self.keeper.oom_killed():
             return None
-        if died.exitcode < 0:
-            try:
-                name = signal.Signals(-died.exitcode).name
-            except ValueError:
-                name = f"signal {-died.exitcode}"
-            how = f"died of {name} (exit code {signal_exit_code(died.exitcode)})"
-        else:
-            how = f"exited with status {died.exitcode} (os._exit or a C library's exit)"
-        return f"the process computing unit {died.unit} on worker {self.env.worker} {how}"
+        return f"the process computing unit {died.unit} on worker {self.env.worker} {death_of(died.exitcode)}"
 
     def _timed_out(self, ledger: Ledger, pool: UnitPool, died: ProcessDied, limit_s: float) -> TaskFailed | None:
         """A unit ran past its limit and its process was killed: the unit counts as failed (`_unit_killed`)."""
