@@ -122,7 +122,8 @@ class TypeDescription(BaseModel):
     units: int | None = Field(default=None, description="The unit count of a split type for the settings.")
     cost_value: str | None = None
     unit_timeout_s: float | None = Field(
-        default=None, description="A split type's own time limit of a unit, seconds (None: none declared)."
+        default=None,
+        description="The type's own time limit of a unit (an unsplit type: its run), seconds (None: none declared).",
     )
     unit_retries: int | None = Field(default=None, description="How often a split type retries a failed unit.")
 
@@ -155,8 +156,8 @@ def describe_type(
         command=list(task_type.command) if isinstance(task_type, UnsplitTaskType) and task_type.command else None,
         doc=(cls.__doc__ or "").strip(),
     )
+    description.unit_timeout_s = getattr(cls, "unit_timeout_s", None)
     if isinstance(task_type, SplitTaskType):
-        description.unit_timeout_s = cls.unit_timeout_s  # type: ignore[attr-defined]
         description.unit_retries = cls.unit_retries  # type: ignore[attr-defined]
     if settings is None:
         return description

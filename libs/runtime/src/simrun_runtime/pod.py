@@ -388,6 +388,7 @@ class ChildOutcome:
     error: str | None = None
     exitcode: int | None = None
     stopped: bool = False
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -405,19 +406,28 @@ def _child_main(conn: Connection, fn: Callable[[], Any]) -> None:
     conn.close()
 
 
-def run_in_child(fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], None] | None = None) -> ChildOutcome:
-    """Runs `fn` in a forked child (user code, so SIGTERM can end it at once); `tick` runs about every second."""
+def run_in_child(
+    fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], None] | None = None, limit_s: float | None = None
+) -> ChildOutcome:
+    """Runs `fn` in a forked child (user code, so SIGTERM can end it at once); `tick` runs about every second; a
+    child still running after `limit_s` seconds is killed (`timed_out`)."""
     parent, child = MP.Pipe(duplex=False)
     process = MP.Process(target=_child_main, args=(child, fn), daemon=True)
     process.start()
     child.close()
+    deadline = time.monotonic() + limit_s if limit_s is not None else None
     message: tuple[str, Any] | None = None
     while True:
-        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper.fileno()], timeout=1.0)
+        wait_s = 1.0 if deadline is None else min(1.0, max(deadline - time.monotonic(), 0.0) + 0.01)
+        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper.fileno()], timeout=wait_s)
         if stopper.stopping:
             process.kill()
             process.join()
             return ChildOutcome(stopped=True, exitcode=process.exitcode)
+        if deadline is not None and not ready and time.monotonic() >= deadline and process.is_alive():
+            process.kill()
+            process.join()
+            return ChildOutcome(exitcode=process.exitcode, timed_out=True)
         if parent in ready:
             with contextlib.suppress(EOFError):
                 message = parent.recv()
