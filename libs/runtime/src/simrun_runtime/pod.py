@@ -373,10 +373,16 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _ignored(signum: int, frame: object) -> None:
+    """A handler that does nothing: SIGTERM and SIGINT pass over a pod's child."""
+
+
 def child_signals() -> None:
-    """A child of a pod ignores SIGTERM and SIGINT: the pod's main process decides how it stops."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A child of a pod lets SIGTERM and SIGINT pass: the pod's main process decides how it stops. A handler that
+    does nothing, not SIG_IGN, which every program the child starts would inherit (a `timeout 60 solver`, an MPI
+    launcher or a solver's own clean-up would then never see SIGTERM); a handler is reset to the default at exec."""
+    signal.signal(signal.SIGTERM, _ignored)
+    signal.signal(signal.SIGINT, _ignored)
     die_with_parent()
 
 
