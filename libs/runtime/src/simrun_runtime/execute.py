@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from simrun_runtime.memory import kill_tree
 from simrun_runtime.merge import build_outputs, put_in_place
 from simrun_runtime.pod import (
     EXIT_DONE,
@@ -93,7 +94,7 @@ def run_command(
         except subprocess.TimeoutExpired:
             pass
         if deadline is not None and time.monotonic() >= deadline:
-            process.kill()
+            kill_tree(process.pid)  # the command and what it started
             process.wait()
             return EXIT_FAILED, None, timeout_message(setup, env, limit_s)
         if stopper.stopping:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import RunLayout, TaskLayout
 from simrun_runtime.loading import load_task_type
-from simrun_runtime.memory import MemoryProbe, MemorySampler
+from simrun_runtime.memory import MemoryProbe, MemorySampler, kill_tree
 from simrun_runtime.record import RunRecord, TaskRecord
 from simrun_runtime.reports import SecondsSketch, WorkerEnd, WorkerReport, utcnow
 from simrun_runtime.tasktype import SettingsError, TaskType, TaskTypeError
@@ -431,6 +431,8 @@ def run_in_child(
             process.join()
             return ChildOutcome(stopped=True, exitcode=process.exitcode)
         if deadline is not None and not ready and time.monotonic() >= deadline and process.is_alive():
+            if process.pid is not None:
+                kill_tree(process.pid)  # and what the run started
             process.kill()
             process.join()
             return ChildOutcome(exitcode=process.exitcode, timed_out=True)
