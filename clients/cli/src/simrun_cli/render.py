@@ -19,7 +19,6 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 from simrun.v1 import common_pb2, tracker_pb2
-from simrun_core.text import printable
 
 _STATE_STYLES = {
     "succeeded": "green",
@@ -123,8 +122,7 @@ def run_header(run: common_pb2.Run) -> Group:
     if run.trace_id:
         lines.append(Text(f"trace {run.trace_id}", style="dim"))
     if run.message:
-        style = "red" if run.state == common_pb2.RUN_STATE_FAILED else "yellow"
-        lines.append(Text(printable(run.message), style=style))
+        lines.append(Text(run.message, style="red" if run.state == common_pb2.RUN_STATE_FAILED else "yellow"))
     return Group(*lines)
 
 
@@ -159,7 +157,7 @@ def task_messages(run: common_pb2.Run) -> Iterator[Text]:
             what = f"{source.units} units" if source.HasField("units") else "outputs"
             yield Text(f"{task.task_id}: {what} reused from run {source.run_id} task {source.task_id}", style="green")
         elif task.message:
-            yield Text(f"{task.task_id}: {printable(task.message)}", style="red")
+            yield Text(f"{task.task_id}: {task.message}", style="red")
 
 
 def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> Table:
@@ -285,8 +283,7 @@ def outputs_table(files: Iterable[tracker_pb2.OutputFile]) -> Table:
     ):
         table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for file in files:
-        # The task named its files: never let a name drive the terminal.
-        table.add_row(file.task_id, file.port, printable(file.path), size(file.size_bytes), printable(file.store_path))
+        table.add_row(file.task_id, file.port, file.path, size(file.size_bytes), file.store_path)
     return table
 
 

@@ -277,8 +277,14 @@ class Worker:
                 continue
             failure: tuple[list[UnitRange], str, int] | None = None
             failed: TaskFailed | None = None
+            interrupted: list[UnitRange] = []
             # Every claim finished in this batch is settled before a failure ends the worker.
             for event in pool.wait(timeout=1.0, also=[self.stopper], limit_s=limit_s):
+                if self.stopper.stopping and not (isinstance(event, ClaimResult) and event.complete):
+                    # Stopping: the pod's SIGTERM also reached the programs its units started, so a unit that
+                    # failed or died now failed of the stop, not of itself; given back whole, no failure counted.
+                    interrupted += [event.claim] if isinstance(event, ClaimResult) else event.claims
+                    continue
                 if isinstance(event, ClaimResult):
                     self._learn(event)
                     failed = self._settle(ledger, progress, event) or failed
@@ -298,6 +304,8 @@ class Worker:
                     names = [claim.name for claim in event.claims]
                     message = f"a worker process died (exit code {event.exitcode}) computing units {names}"
                     failure = failure or (event.claims, message, code)
+            if interrupted:
+                return self._stop(ledger, pool, list(taken_back) + interrupted)
             if failed is not None:
                 return self._end_failed(ledger, pool, list(taken_back), failed.message)
             if failure is not None:

@@ -28,7 +28,6 @@ from simrun_core.config import DriverConfig
 from simrun_core.errors import SimrunError
 from simrun_core.key_index import KeyIndex
 from simrun_core.telemetry import Telemetry, context_from_traceparent, traceparent_of
-from simrun_core.text import printable
 from simrun_runtime.layout import RunLayout, TaskLayout, read_beneath
 from simrun_runtime.record import OomKill, RunRecord, RunState, TaskRecord, TaskState
 from simrun_runtime.reports import WorkerEnd, load_reports
@@ -49,10 +48,6 @@ from simrun_tracker.ports import EnvironmentPort, EnvironmentState, LearnerPort
 from simrun_tracker.runstore import RunStore
 
 log = logging.getLogger(__name__)
-
-FAILURE_MESSAGE_CHARS = 4096
-"""Characters of a task's own failure message (its `failure.json`) kept as the task's message, shown in every
-listing of the run; the traceback stays in the file."""
 
 BUILD_POLL_S = 1.0
 """Seconds between two questions to the environment builder about a run's build."""
@@ -402,7 +397,7 @@ class Driver:
         except (OSError, ValueError):
             message = ""
         if message:
-            return printable(message, FAILURE_MESSAGE_CHARS)
+            return message
         return pod.message or f"exit code {pod.exit_code}"
 
     def _follow_merge_pod(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:
