@@ -350,11 +350,11 @@ class Worker:
             return None
         if self.keeper.oom_killed():
             return None
-        return f"the process computing unit {died.unit} on worker {self.env.worker} {death_of(died.exitcode)}"
+        return f"the process computing unit {_killed_unit(died)} on worker {self.env.worker} {death_of(died.exitcode)}"
 
     def _timed_out(self, ledger: Ledger, pool: UnitPool, died: ProcessDied, limit_s: float) -> TaskFailed | None:
         """A unit ran past its limit and its process was killed: the unit counts as failed (`_unit_killed`)."""
-        index = died.unit if died.unit is not None else died.claims[0].first
+        index = _killed_unit(died)
         detail = f"unit {index} ran past its time limit of {limit_s:g} s on worker {self.env.worker} and was killed"
         return self._unit_killed(ledger, pool, died, detail, "UnitTimeout")
 
@@ -369,7 +369,7 @@ class Worker:
         current, *queued = died.claims
         for claim in queued:
             pool.submit(claim)
-        index = died.unit if died.unit is not None and died.unit in current.indices() else current.first
+        index = _killed_unit(died)
         rest = current
         if index > current.first:
             halves = ledger.split(current, worker, index)
@@ -443,6 +443,12 @@ class Worker:
         print(error.rstrip(), file=sys.stderr)
         last = error.strip().splitlines()[-1] if error.strip() else "failed"
         return self.keeper.finish(WorkerEnd.FAILED, code, f"units {[u.name for u in units]}: {last}")
+
+
+def _killed_unit(died: ProcessDied) -> int:
+    """The unit a dead pool process was computing: the one it said, else its first claim's first."""
+    current = died.claims[0]
+    return died.unit if died.unit is not None and died.unit in current.indices() else current.first
 
 
 def run_worker(env: PodEnv) -> int:
