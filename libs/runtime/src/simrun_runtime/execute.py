@@ -93,7 +93,7 @@ def run_command(
             break
         except subprocess.TimeoutExpired:
             pass
-        if deadline is not None and time.monotonic() >= deadline:
+        if deadline is not None and limit_s is not None and time.monotonic() >= deadline:
             kill_tree(process.pid)  # the command and what it started
             process.wait()
             return EXIT_FAILED, None, timeout_message(setup, env, limit_s)
