@@ -83,6 +83,14 @@ def test_a_models_previous_lock_seeds_that_model_only_not_another_in_a_folder_of
     assert "tinydep==1.0" in again.packages, "alpha's own previous lock keeps its version"
 
 
+def test_a_models_uv_lock_that_uv_cannot_read_is_left_out_and_said(builder, kit, caplog) -> None:
+    files = {**kit.model_files(), "uv.lock": "garbage = [\n"}
+    with caplog.at_level("WARNING", logger="simrun_envbuilder.lock"):
+        env = build(builder, kit, [kit.snapshot("tinymodel", files)])
+    assert "tinydep==1.0" in env.packages
+    assert any("was not usable, locked afresh" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_a_new_comment_in_the_pyproject_locks_again_but_builds_nothing(builder, kit) -> None:
     one = build(builder, kit, [kit.snapshot("tinymodel", kit.model_files())])
     two = builder.resolve([kit.snapshot("tinymodel", kit.model_files(extra="# a comment\n"))])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -26,6 +27,8 @@ from simrun_envbuilder.inputs import ModelInputs, tree_places
 from simrun_envbuilder.pythons import Interpreter
 
 ROOT_NAME = "simrun-environment"
+log = logging.getLogger(__name__)
+
 REASON_LINES = 12
 """How many lines of uv's reason a refusal quotes."""
 
@@ -159,7 +162,13 @@ def run_lock(folder: Path, uv: UvSettings, interpreter: Interpreter, seeded: boo
     result = _uv_lock(folder, uv, interpreter)
     if result.returncode != 0 and seeded:
         (folder / "uv.lock").unlink(missing_ok=True)
+        refused = reason(result.stderr)
         result = _uv_lock(folder, uv, interpreter)
+        if result.returncode == 0:  # the seed, not the model, was the trouble: say so, its versions are not kept
+            log.warning(
+                "the seed lock (the model's uv.lock or its previous lock) was not usable, locked afresh: %s",
+                refused.splitlines()[0] if refused else "",
+            )
     if result.returncode != 0:
         raise InvalidArgument(f"the model's dependencies cannot be locked: {reason(result.stderr)}")
     return read_lock((folder / "uv.lock").read_bytes())
