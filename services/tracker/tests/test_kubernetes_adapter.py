@@ -506,3 +506,85 @@ def test_a_run_recorded_queued_whose_workflow_was_never_created_is_submitted_aft
     bare.restore(RunRecovery(other.run_id, None, []))
     statuses = bare.pods(other.run_id)
     assert statuses and all(s.phase is PodPhase.FAILED and "default_image" in s.message for s in statuses)
+
+
+def workflow_patches(api: FakeApiServer) -> list:
+    return [r for r in api.cluster.requests if r.method == "PATCH" and "/workflows/" in r.path]
+
+
+def test_a_run_whose_pods_all_succeeded_is_left_for_argo_to_end(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN, pods=1))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    for template in ("scan-w0", "plot-w0"):
+        name = argo.create_pod(RUN, template, "w0")
+        argo.admit(name, "node-a")
+        argo.exit(name, 0)
+    wait_for(executor, lambda p: all(s.phase is PodPhase.SUCCEEDED for s in p.values()))
+    time.sleep(0.5)
+    executor.pods(RUN)
+    # Argo ends the Workflow itself (Succeeded, pods collected): a shutdown now would race it and mark it failed.
+    assert workflow_patches(api) == []
+    assert "shutdown" not in api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"]
+
+
+def test_a_done_run_with_extra_workers_still_queued_is_stopped(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN, pods=2))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    argo.create_pod(RUN, "scan-extra", "w1")  # waits for admission, and would hold the Workflow open
+    for template in ("scan-w0", "plot-w0"):
+        name = argo.create_pod(RUN, template, "w0")
+        argo.admit(name, "node-a")
+        argo.exit(name, 0)
+        if template == "scan-w0":
+            wait_for(executor, lambda p: p["scan/w0"].phase is PodPhase.SUCCEEDED)
+            executor.stop_pods(RUN, "scan")  # the driver, once the merge marker is there
+    wait_for(executor, lambda p: p["plot/w0"].phase is PodPhase.SUCCEEDED)
+    deadline = time.monotonic() + 5
+    while api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"].get("shutdown") != "Terminate":
+        assert time.monotonic() < deadline, "the Workflow held open by a queued extra worker was not stopped"
+        executor.pods(RUN)
+        time.sleep(0.05)
+    assert len(workflow_patches(api)) == 1
+
+
+def test_an_archive_the_store_refuses_holds_up_no_other(make, api, store) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN, pods=1))
+    submitted(api)
+    blocked = store.run(RUN).task("plot").logs
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a folder")  # the store refuses the plot pod's archive (as a full disk would)
+    argo = ArgoScript(api.cluster)
+    plot = argo.create_pod(RUN, "plot-w0", "w0")
+    argo.admit(plot, "node-a")
+    argo.exit(plot, 0, log=b"plot\n")
+    wait_for(executor, lambda p: p["plot/w0"].phase is PodPhase.SUCCEEDED)
+    scan = argo.create_pod(RUN, "scan-w0", "w0")
+    argo.admit(scan, "node-a")
+    argo.exit(scan, 0, log=b"scan\n")
+    archive = store.run(RUN).task("scan").logs / "w0.1.log"
+    deadline = time.monotonic() + 5
+    while not archive.exists():
+        assert time.monotonic() < deadline, "a refused archive was tried again forever and held up the next"
+        time.sleep(0.02)
+    assert archive.read_text() == "scan\n"
+
+
+def test_only_the_api_s_transient_answers_are_tried_again() -> None:
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+    from simrun_tracker.kubernetes.api import classify
+
+    assert isinstance(classify(ApiException(status=503), "x"), Unavailable)
+    assert isinstance(classify(urllib3.exceptions.MaxRetryError(None, "/", "refused"), "x"), Unavailable)
+    assert isinstance(classify(ConnectionResetError(), "x"), Unavailable)
+    forbidden = classify(ApiException(status=403, reason="Forbidden"), "submitting")
+    assert isinstance(forbidden, FailedPrecondition) and "403" in str(forbidden)
+    assert isinstance(classify(ApiException(status=422), "x"), InvalidArgument)
+    for own in (KeyError("run"), OSError(28, "No space left on device"), ValueError("bad json")):
+        error = classify(own, "archiving")
+        assert not isinstance(error, Unavailable) and type(own).__name__ in str(error)

@@ -45,7 +45,14 @@ from simrun_tracker.executor import (
     TaskOrdering,
     TaskSpec,
 )
-from simrun_tracker.kubernetes.api import CONFLICT, api_client, classify, status_of
+from simrun_tracker.kubernetes.api import (
+    CONFLICT,
+    api_client,
+    classify,
+    is_api_error,
+    is_transient,
+    status_of,
+)
 from simrun_tracker.kubernetes.config import KubernetesSettings
 from simrun_tracker.kubernetes.informer import Informer
 from simrun_tracker.kubernetes.names import (
@@ -248,15 +255,20 @@ class KubernetesExecutor:
         return statuses
 
     def _finished(self, run: _Run) -> bool:
-        """Whether every task is done and the Workflow still runs; marks the run stopped once it is."""
+        """Whether every task is done while pods that would hold the Workflow open remain; marks the run stopped.
+
+        When every pod succeeded, Argo ends the Workflow itself (Succeeded, its pods collected): stopping it then
+        would only race Argo and mark a successful run's Workflow failed.
+        """
         if run.stopped or not run.submitted or not run.statuses:
             return False
         phases: dict[str, set[PodPhase]] = {}
         for status in run.statuses:
             phases.setdefault(status.spec.task_id, set()).add(status.phase)
         done = all(t in run.stopped_tasks or phases.get(t) == {PodPhase.SUCCEEDED} for t in phases)
+        left = any(status.phase is not PodPhase.SUCCEEDED for status in run.statuses)
         workflow = (self._workflows.get(run.spec.run_id) or {}).get("status") or {}
-        if done and workflow.get("phase") not in FINAL_WORKFLOW:
+        if done and left and workflow.get("phase") not in FINAL_WORKFLOW:
             run.stopped = True
             return True
         return False
@@ -620,7 +632,9 @@ class KubernetesExecutor:
                 except Exception as exc:
                     error = classify(exc, what)
                     if not isinstance(error, Unavailable) or self._closed.is_set():
-                        log.error("%s failed: %s", what, error)
+                        # Only the API's own transient answers are tried again: anything else (a refusal, a bug,
+                        # a store that refused a log) would fail the same way and hold up every later change.
+                        log.error("%s failed: %s", what, error, exc_info=not (is_api_error(exc) or is_transient(exc)))
                         break
                     failures += 1
                     pause = min(self.settings.backoff_max_s, 0.1 * 2 ** min(failures, 8))
