@@ -153,7 +153,8 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
     image = pod.image or settings.default_image
     if not image:
         raise FailedPrecondition(
-            f"pod {pod.pod_id} has no image and the kubernetes executor has none: set executor.default_image"
+            f"pod {pod.pod_id} has no image and the kubernetes executor has none: "
+            "set executor.kubernetes.default_image (by digest)"
         )
     if "@sha256:" not in image:
         raise FailedPrecondition(f"pod {pod.pod_id}: image {image!r} is not named by digest (repo@sha256:…)")
