@@ -18,7 +18,7 @@ from kubernetes_runs import IMAGE, planned_record, scan_run
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.reports import WorkerReport, utcnow
-from simrun_tracker.executor import PodHistory, PodPhase, PodStatus, RunRecovery, TaskOrdering
+from simrun_tracker.executor import MemoryKill, PodHistory, PodPhase, PodStatus, RunRecovery, TaskOrdering
 from simrun_tracker.kubernetes.adapter import KubernetesExecutor
 from simrun_tracker.kubernetes.config import KubernetesSettings
 from simrun_tracker.pods import run_spec
@@ -488,24 +488,30 @@ def test_the_server_config_chooses_the_kubernetes_executor(api, store, tmp_path)
         kubernetes_executor({"namespce": "x"}, store, 30.0)
 
 
-def test_a_run_recorded_queued_whose_workflow_was_never_created_is_submitted_after_a_restart(make, api, store) -> None:
+def test_a_run_recorded_queued_whose_workflow_was_never_created_is_handed_over_again_after_a_restart(
+    make, api, store
+) -> None:
     record = planned_record(RUN)
     record.save(store.run(RUN))
-    settings = KubernetesSettings(default_image=IMAGE, watch_timeout_s=2, backoff_max_s=0.5)
+    settings = KubernetesSettings(default_image=IMAGE.replace("ab", "00"), watch_timeout_s=2, backoff_max_s=0.5)
     executor = KubernetesExecutor(settings, store, client=api.client())
     try:
-        executor.restore(RunRecovery(RUN, None, []))
-        submitted(api)  # the tracker stopped between recording the run and creating its Workflow
+        kills = [MemoryKill(4.0, 2.0, "recorded")]
+        executor.restore(RunRecovery(RUN, None, [PodHistory("scan", "w0", kills, attempts=1)]))
+        # The tracker stopped between recording the run and creating its Workflow: the adapter cannot know the
+        # run's image (its environment's), so it reports no pods and the driver hands the run over again.
+        assert executor.pods(RUN) == []
+        time.sleep(0.3)
+        assert not [r for r in api.cluster.requests if r.method == "POST"]
+        executor.start_run(run_spec(record, "env-1", 30.0, IMAGE))
+        submitted(api)
         pods = wait_for(executor, lambda p: len(p) == 4)
         assert all(p.phase is PodPhase.PENDING for p in pods.values())
+        assert pods["scan/w0"].memory_gb == 6.0 and len(pods["scan/w0"].memory_kills) == 1  # the record's kill
+        workflow = api.cluster.get("workflows", NS, f"simrun-{RUN}")
+        assert {t["container"]["image"] for t in workflow["spec"]["templates"] if "container" in t} == {IMAGE}
     finally:
         executor.close()
-    other = planned_record("20261201-080000-cccccc")
-    other.save(store.run(other.run_id))
-    bare = make()  # no default image: the run cannot be made again, and says so instead of waiting forever
-    bare.restore(RunRecovery(other.run_id, None, []))
-    statuses = bare.pods(other.run_id)
-    assert statuses and all(s.phase is PodPhase.FAILED and "default_image" in s.message for s in statuses)
 
 
 def workflow_patches(api: FakeApiServer) -> list:

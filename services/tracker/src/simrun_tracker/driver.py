@@ -267,6 +267,8 @@ class Driver:
         pods_by_task: dict[str, list[PodStatus]] = {}
         for pod in self.executor.pods(record.run_id):
             pods_by_task.setdefault(pod.spec.task_id, []).append(pod)
+        if not pods_by_task and self.executor.ordering == TaskOrdering.ADAPTER:
+            self._hand_over_again(record)
         delay = None
         failure: str | None = None
         for task in record.tasks.values():
@@ -326,6 +328,17 @@ class Driver:
         if self.executor.ordering == TaskOrdering.ADAPTER:
             self.executor.start_run(run_spec(record, environment.environment_id, self.grace_s, environment.image))
         return None
+
+    def _hand_over_again(self, record: RunRecord) -> None:
+        """A planned run the adapter does not know (a restart before its Workflow was made): handed over again.
+
+        Only the environment knows the run's image; `start_run` leaves a run it knows as it is and adopts a
+        Workflow that exists already, so nothing runs twice.
+        """
+        if all(task.state.final for task in record.tasks.values()):
+            return
+        environment = self.environments.get(self._environment_id(record))
+        self.executor.start_run(run_spec(record, environment.environment_id, self.grace_s, environment.image))
 
     @staticmethod
     def _environment_id(record: RunRecord) -> str:

@@ -390,8 +390,12 @@ class KubernetesExecutor:
             informer.stop()
 
     def _adopt_from_record(self, run_id: str) -> _Run | None:
-        """The run of an active record after a restart: its Workflow adopted, or made again if the tracker stopped
-        before it was created (None for a run still submitting: the driver hands it over once it is planned)."""
+        """The run of an active record after a restart, its Workflow adopted from the API.
+
+        None where the API shows no Workflow of the run (the tracker stopped before creating it, or the first list
+        has not arrived): the run's image is its environment's, which only the driver knows, so the driver hands
+        the run over again (`start_run`), which creates the Workflow or adopts the one that exists (409).
+        """
         layout = self.store.run(run_id)
         if not layout.record.is_file():
             return None
@@ -402,15 +406,7 @@ class KubernetesExecutor:
             return None
         workflow = self._workflows.get(run_id)
         if workflow is None:
-            spec = run_spec(record, record.environment, self.grace_s)
-            try:
-                run = _Run(spec, render_workflow(spec, self.settings), {task_node(t.task_id): t for t in spec.tasks})
-            except SimrunError as exc:
-                run = _Run(spec, {}, {task_node(t.task_id): t for t in spec.tasks}, refused=str(exc))
-            else:
-                self._queue(f"create the workflow of run {run_id} again", lambda: self._create(run_id))
-            self._runs[run_id] = run
-            return run
+            return None
         main = next((t["container"] for t in workflow.get("spec", {}).get("templates", []) if "container" in t), None)
         if main is None:
             return None
