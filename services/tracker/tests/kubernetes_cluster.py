@@ -2,11 +2,11 @@
 
 A controller thread does, every few milliseconds, what the two controllers would: for each Workflow, Argo makes a
 pod per DAG node (`-w0`, each `-extra` item, `-merge`) once the nodes it depends on succeeded, and a new attempt
-after an exit its retry strategy retries
-(137 with the retry patch's memory, 143, a deleted pod), ends running pods with 143 once the Workflow is shut
-down, and marks the Workflow Succeeded once every node ended; Kueue admits gated pods by the local adapter's admission function (`simrun_tracker.local.admission.decide`,
-Kueue's rules as a pure function), preempts lower priorities (marks, 143, deletes) and, as a NoExecute taint does,
-evicts other runs' pods from a reserved node. It plays no scheduler beyond that and knows nothing of the adapter.
+after an exit its retry strategy retries (137 with the retry patch's memory, 143, a deleted pod), ends running pods
+with 143 once the Workflow is shut down, and marks the Workflow Succeeded once every node ended; Kueue admits gated
+pods by the local adapter's admission function (`simrun_tracker.local.admission.decide`, Kueue's rules as a pure
+function), preempts lower priorities (marks, 143, deletes) and, as a NoExecute taint does, evicts other runs' pods
+from a reserved node. It plays no scheduler beyond that and knows nothing of the adapter.
 """
 
 from __future__ import annotations
