@@ -594,3 +594,16 @@ def test_only_the_api_s_transient_answers_are_tried_again() -> None:
     for own in (KeyError("run"), OSError(28, "No space left on device"), ValueError("bad json")):
         error = classify(own, "archiving")
         assert not isinstance(error, Unavailable) and type(own).__name__ in str(error)
+
+
+def test_following_the_logs_of_a_run_the_adapter_does_not_follow_ends_with_its_archives(make, store) -> None:
+    executor = make()
+    logs = store.run(RUN).task("plot").logs
+    logs.mkdir(parents=True)
+    (logs / "w0.1.log").write_text("archived\n")
+    lines: list[tuple[str, str]] = []
+    follower = threading.Thread(target=lambda: lines.extend(executor.logs(RUN, "plot", "w0", follow=True)))
+    follower.start()
+    follower.join(timeout=5)
+    assert not follower.is_alive(), "following the logs of an unknown run never ended"
+    assert lines == [("w0.1.log", "archived\n")]

@@ -364,7 +364,8 @@ class KubernetesExecutor:
                     if text := path.read_text(errors="replace"):
                         yield path.name, text
             statuses = [s for s in self.pods(run_id) if s.spec.task_id == task_id]
-            if not follow or (statuses and all(s.phase.final for s in statuses)) or self._closed.is_set():
+            # No pods known of the task (a run this adapter does not follow, or no longer): nothing more will come.
+            if not follow or not statuses or all(s.phase.final for s in statuses) or self._closed.is_set():
                 return
             time.sleep(0.25)
 
