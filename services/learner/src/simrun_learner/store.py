@@ -69,9 +69,7 @@ class ObservationStore:
         table = SQLModel.metadata.tables[ObservationRow.__tablename__]
         query = (
             table.select()
-            .where(
-                table.c.task_type == key.task_type, table.c.model == key.model, table.c.cost_value == key.cost_value
-            )
+            .where(table.c.task_type == key.task_type, table.c.model == key.model, table.c.cost_value == key.cost_value)
             .order_by(table.c.observed_at, table.c.id)
         )
         # Plain rows, not ORM objects: every submission reads every observation of its tasks' keys.

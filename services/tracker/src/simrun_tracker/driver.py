@@ -525,6 +525,10 @@ class Driver:
         for key in [k for k in self._merge_seen if k[0] == record.run_id]:
             del self._merge_seen[key]
         self.runs.save(record)
+        try:
+            self.executor.forget(record.run_id)
+        except Exception:
+            log.exception("the executor could not forget ended run %s", record.run_id)
 
     def _save_if_changed(self, record: RunRecord, before: dict[str, object]) -> None:
         if record.model_dump(mode="json", exclude={"updated_at"}) != before:
