@@ -646,3 +646,22 @@ def test_a_forgotten_run_is_kept_until_its_workflow_ended_and_its_pods_logs_are_
     while RUN in executor._pods or RUN in executor._workflows:
         assert time.monotonic() < deadline, "the informers' caches kept a collected run"
         time.sleep(0.02)
+
+
+def test_a_restarted_tracker_archives_the_logs_of_pods_that_ended_while_it_was_down(make, api, store) -> None:
+    first = make()
+    first.start_run(scan_run(RUN))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    name = argo.create_pod(RUN, "plot-w0", "w0")
+    argo.admit(name, "node-a")
+    wait_for(first, lambda p: p["plot/w0"].phase is PodPhase.RUNNING)
+    first.close()
+    argo.exit(name, 0, log=b"ended while the tracker was down\n")
+    make()  # the run is not even handed over again (it ended, or its record is final): its pods' logs still matter
+    archive = store.run(RUN).task("plot").logs / "w0.1.log"
+    deadline = time.monotonic() + 5
+    while not archive.exists():
+        assert time.monotonic() < deadline, "the log of a pod that ended while the tracker was down was never archived"
+        time.sleep(0.02)
+    assert archive.read_text() == "ended while the tracker was down\n"

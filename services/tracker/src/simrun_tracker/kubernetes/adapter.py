@@ -104,7 +104,6 @@ class _Run:
     gone: dict[str, tuple[tuple[str, str], Attempt]] = field(default_factory=dict)
     """Pods deleted from the API (Kueue's preemptions, Argo's pod GC) by name: (task prefix, worker) and their
     last state."""
-    archived: set[str] = field(default_factory=set)
     workflow_ended: bool = False
     """The Workflow was seen in a final phase (it may since have been collected)."""
     forgotten: bool = False
@@ -147,6 +146,9 @@ class KubernetesExecutor:
         self._reserving: dict[str, str | None] = {}
         """Reservations asked for and not yet seen on the node: node -> run (None: a release under way)."""
         self._listeners: list[ChangeListener] = []
+        self._archived: set[str] = set()
+        """Ended pods whose log is archived or queued to be, whatever their run: a pod seen ended (also in the
+        first list after a restart, for a run the tracker no longer follows) is archived unless its file exists."""
         self._pending_history: dict[str, dict[tuple[str, str], PodHistory]] = {}
         """What `restore` re-applied for runs not handed over again yet."""
         self._ops: queue.Queue[tuple[str, Callable[[], None], bool] | None] = queue.Queue()
@@ -314,6 +316,7 @@ class KubernetesExecutor:
 
     def forget(self, run_id: str) -> None:
         with self._lock:
+            self._pending_history.pop(run_id, None)
             run = self._runs.get(run_id)
             if run is not None:
                 run.forgotten = True
@@ -321,11 +324,11 @@ class KubernetesExecutor:
 
     def _drop_if_done(self, run_id: str, run: _Run) -> None:
         """Drops a forgotten run once nothing it needs is still to come: its Workflow has ended (or was never made)
-        and every ended pod of it has its log archived (archiving needs the run; a pod still stopping, too)."""
+        and every pod of it has ended, its log archived or queued (a pod still stopping is archived once it ends)."""
         if not (run.workflow_ended or not run.submitted):
             return
         for name, obj in self._pods.get(run_id, {}).items():
-            if (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or name not in run.archived:
+            if (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or name not in self._archived:
                 return
         del self._runs[run_id]
 
@@ -463,6 +466,7 @@ class KubernetesExecutor:
                 pods = self._pods.setdefault(run_id, {})
                 if event == "DELETED":
                     pods.pop(name, None)
+                    self._archived.discard(name)
                     run = self._runs.get(run_id)
                     if run is not None:
                         labels = obj["metadata"].get("labels") or {}
@@ -471,9 +475,8 @@ class KubernetesExecutor:
                 else:
                     pods[name] = obj
                     phase = (obj.get("status") or {}).get("phase")
-                    run = self._runs.get(run_id)
-                    if phase in ("Succeeded", "Failed") and run is not None and name not in run.archived:
-                        run.archived.add(name)
+                    if phase in ("Succeeded", "Failed") and name not in self._archived:
+                        self._archived.add(name)
                         archive = obj
             else:
                 if event == "DELETED":
@@ -635,7 +638,7 @@ class KubernetesExecutor:
 
     def _queue(self, what: str, action: Callable[[], None], *, essential: bool = True) -> None:
         """Queues a change of the cluster; one that is not essential (archiving a log) is dropped once closing,
-        since a restarted tracker lists the ended pods again and archives what is missing."""
+        since a restarted tracker lists the ended pods again and archives what is missing (`_archived`)."""
         (self._ops if essential else self._archives).put((what, action, essential))
 
     def _carry_out(self, ops: queue.Queue[tuple[str, Callable[[], None], bool] | None]) -> None:
