@@ -665,3 +665,20 @@ def test_a_restarted_tracker_archives_the_logs_of_pods_that_ended_while_it_was_d
         assert time.monotonic() < deadline, "the log of a pod that ended while the tracker was down was never archived"
         time.sleep(0.02)
     assert archive.read_text() == "ended while the tracker was down\n"
+
+
+def test_a_run_adopted_after_its_workflow_ended_is_dropped_when_forgotten(make, api, store) -> None:
+    record = planned_record(RUN)
+    record.save(store.run(RUN))
+    first = make()
+    first.start_run(run_spec(record, "env-1", 30.0, IMAGE))
+    submitted(api)
+    first.close()
+    api.cluster.modify(
+        "workflows", NS, f"simrun-{RUN}", lambda wf: wf.update(status={"phase": "Failed", "message": "stopped"})
+    )
+    second = make()  # the Workflow ended while the tracker was down: no event of its end will come
+    second.restore(RunRecovery(RUN, None, []))
+    assert second.pods(RUN)
+    second.forget(RUN)
+    assert second.pods(RUN) == []

@@ -325,7 +325,9 @@ class KubernetesExecutor:
     def _drop_if_done(self, run_id: str, run: _Run) -> None:
         """Drops a forgotten run once nothing it needs is still to come: its Workflow has ended (or was never made)
         and every pod of it has ended, its log archived or queued (a pod still stopping is archived once it ends)."""
-        if not (run.workflow_ended or not run.submitted):
+        phase = ((self._workflows.get(run_id) or {}).get("status") or {}).get("phase")
+        # The Workflow may have ended before this tracker knew the run (adopted after a restart): no event follows.
+        if not (run.workflow_ended or not run.submitted or phase in FINAL_WORKFLOW):
             return
         for name, obj in self._pods.get(run_id, {}).items():
             if (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or name not in self._archived:
