@@ -46,6 +46,10 @@ def test_render_describes_the_types_in_the_model_s_own_environment(tmp_path: Pat
     assert workflow["metadata"]["namespace"] == "sims"
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
     assert templates["where-w0"]["container"]["image"] == IMAGE
+    mounts = [m for m in templates["where-w0"]["container"]["volumeMounts"] if m["name"] == "store"]
+    snapshots = sorted(m["subPath"].split("/")[1] for m in mounts if m["subPath"].startswith("snapshots/"))
+    assert snapshots == ["lib", "model"]  # the model's and its library's snapshots, read-only, and no other
+    assert [m["subPath"].split("/", 2)[2] for m in mounts if not m.get("readOnly")] == ["tasks/where"]
     assert "building the model's environment" in result.stderr
     assert list((home / "render" / "environments" / "envs").iterdir())  # built once per lock, kept for the next
     again = CliRunner().invoke(cli, args, env={"SIMRUN_HOME": str(home)})

@@ -17,6 +17,7 @@ from kubernetes_fake_api import ArgoScript, FakeApiServer, node
 from kubernetes_runs import IMAGE, planned_record, scan_run
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import SnapshotRef
 from simrun_runtime.reports import WorkerReport, utcnow
 from simrun_tracker.executor import MemoryKill, PodHistory, PodPhase, PodStatus, RunRecovery, TaskOrdering
 from simrun_tracker.kubernetes.adapter import KubernetesExecutor
@@ -492,6 +493,7 @@ def test_a_run_recorded_queued_whose_workflow_was_never_created_is_handed_over_a
     make, api, store
 ) -> None:
     record = planned_record(RUN)
+    record.snapshots = [SnapshotRef(name="model", snapshot_id="ab" * 32, path="/elsewhere/than/the/store")]
     record.save(store.run(RUN))
     settings = KubernetesSettings(default_image=IMAGE.replace("ab", "00"), watch_timeout_s=2, backoff_max_s=0.5)
     executor = KubernetesExecutor(settings, store, client=api.client())
@@ -510,6 +512,10 @@ def test_a_run_recorded_queued_whose_workflow_was_never_created_is_handed_over_a
         assert pods["scan/w0"].memory_gb == 6.0 and len(pods["scan/w0"].memory_kills) == 1  # the record's kill
         workflow = api.cluster.get("workflows", NS, f"simrun-{RUN}")
         assert {t["container"]["image"] for t in workflow["spec"]["templates"] if "container" in t} == {IMAGE}
+        # The pods read the run's snapshot, found by its name and id (never the path a record holds), read-only.
+        mounts = next(t for t in workflow["spec"]["templates"] if "container" in t)["container"]["volumeMounts"]
+        assert {"name": "store", "mountPath": f"/store/snapshots/model/{'ab' * 32}", "readOnly": True,
+                "subPath": f"snapshots/model/{'ab' * 32}"} in mounts  # fmt: skip
     finally:
         executor.close()
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from simrun_core.config import ServerConfig
     from simrun_core.identity import Priority
     from simrun_planner import Node
+    from simrun_runtime.record import SnapshotRef
 
 PRIORITIES = ["owner", "standard", "agent"]
 """`simrun_core.identity.Priority`'s values (the command loads no more than click until it runs)."""
@@ -45,11 +46,11 @@ def _server_nodes(endpoint: str, token: str | None) -> tuple[list[Node], Priorit
     return nodes, priority_from_proto(identity.priority)
 
 
-def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Path]:
-    """The interpreter to describe the model's types with and the root to describe them from, as a submission has
-    them: the model's working tree and its libraries snapshotted into `<SIMRUN_HOME>/render/store`, their
-    environment locked and built in `<SIMRUN_HOME>/render/environments` with the config's index settings (once per
-    lock); with `environments.kind: server`, this Python and the working tree itself."""
+def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Path, list[SnapshotRef]]:
+    """The interpreter to describe the model's types with, the root to describe them from and the run's snapshots,
+    as a submission has them: the model's working tree and its libraries snapshotted into
+    `<SIMRUN_HOME>/render/store`, their environment locked and built in `<SIMRUN_HOME>/render/environments` with
+    the config's index settings (once per lock); with `environments.kind: server`, this Python."""
     import dataclasses
     import sys
 
@@ -61,8 +62,6 @@ def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Pat
     from simrun_runtime.record import SnapshotRef
     from simrun_tracker.kubernetes.preview import model_environment
 
-    if config.environments.kind == "server":
-        return sys.executable, model_root
     cache = simrun_home() / "render"
     store = StoreLayout(cache / "store")
     refs = []
@@ -70,11 +69,14 @@ def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Pat
         snapshot = snapshot_to_store(tree, store.root).snapshot
         path = store.snapshot(snapshot.name, snapshot.snapshot_id).relative_to(store.root).as_posix()
         refs.append(SnapshotRef(name=snapshot.name, snapshot_id=snapshot.snapshot_id, path=path))
+    if config.environments.kind == "server":
+        return sys.executable, refs[0].resolve(store), refs
     # A venv to describe with, whatever the server builds for its pods (an image on a cluster).
     settings = dataclasses.replace(
         settings_from_config(config), root=cache / "environments", store=store.root, images=None
     )
-    return model_environment(refs, settings, lambda line: click.echo(line, err=True))
+    interpreter, root = model_environment(refs, settings, lambda line: click.echo(line, err=True))
+    return interpreter, root, refs
 
 
 @click.command("render")
@@ -158,7 +160,7 @@ def render_command(
         run_priority = Priority(priority) if priority else run_priority
     text = workflow.read_text()
     parse_workflow(text, source=str(workflow))  # a bad workflow is refused before any environment is built
-    interpreter, model_root = _model_environment(_model_root(workflow, model), config)
+    interpreter, model_root, snapshots = _model_environment(_model_root(workflow, model), config)
     describer = SubprocessDescriber()
     try:
         preview = preview_workflow(
@@ -171,6 +173,7 @@ def render_command(
             image=image,
             priority=run_priority,
             mode=SplitMode.SINGLE_SERVER if single_server else None,
+            snapshots=snapshots,
         )
     finally:
         describer.close()

@@ -68,6 +68,7 @@ def preview_workflow(
     priority: Priority = Priority.STANDARD,
     mode: SplitMode | None = None,
     grace_s: float = 30.0,
+    snapshots: list[SnapshotRef] | None = None,
 ) -> Preview:
     """The Workflow the kubernetes executor would submit for a workflow file's run, nothing submitted.
 
@@ -88,6 +89,7 @@ def preview_workflow(
         tasks=task_records(workflow, planned, mode),
         environment="render",
         reservation=workflow.spec.reserve,
+        snapshots=list(snapshots or []),
     )
     spec = run_spec(record, "render", grace_s, image)
     return Preview(run_id, render_workflow(spec, settings))
