@@ -166,7 +166,10 @@ def test_pods_see_their_run_only_with_a_read_only_root_and_no_token() -> None:
         assert template["securityContext"]["runAsNonRoot"] is True
         assert template["automountServiceAccountToken"] is False
         env = {e["name"]: e["value"] for e in main["env"]}
-        assert all(name.startswith("SIMRUN_") or name == "PYTHONDONTWRITEBYTECODE" for name in env)
+        fixed = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"}
+        assert {k: env[k] for k in fixed} == fixed and env["HOME"] == env["TMPDIR"] == env["SIMRUN_SCRATCH"]
+        assert set(env) - set(fixed) - {"HOME", "TMPDIR"} == {n for n in env if n.startswith("SIMRUN_")}
+        assert env["HOME"] in mounts and "emptyDir" in {v["name"]: v for v in template["volumes"]}["scratch"]
         assert env["SIMRUN_RUN_DIR"] == f"/store/runs/{RUN}"
         assert env["SIMRUN_PROVENANCE"].startswith(f"/store/runs/{RUN}/tasks/")
         assert main["image"] == IMAGE and main["command"][:2] == ["python", "-m"]

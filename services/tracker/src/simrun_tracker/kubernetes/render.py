@@ -179,6 +179,12 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
         SIMRUN_SCRATCH=SCRATCH,
         # The container's own cgroup (cgroup namespaces): the runtime samples its memory and counts its OOM kills.
         SIMRUN_CGROUP="self",
+        # As a pod on this machine (DESIGN's containment): its scratch is its home (the root file system is
+        # read-only), output reaches the log at once (live logs), no user site-packages.
+        HOME=SCRATCH,
+        TMPDIR=SCRATCH,
+        PYTHONUNBUFFERED="1",
+        PYTHONNOUSERSITE="1",
     )
     memory = quantity_gib(pod.memory_gb)
     scratch_gb = getattr(pod, "scratch_gb", None) or settings.scratch_gb
