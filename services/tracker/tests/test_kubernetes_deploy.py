@@ -148,11 +148,48 @@ def test_the_deployed_server_may_start_with_its_config() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
+MODEL_TASKS = """
+from simrun_runtime import ExecContext, ResourceHint, TaskSettings, UnsplitTaskType
+
+
+class Small(UnsplitTaskType):
+    class Settings(TaskSettings):
+        pass
+
+    resources = ResourceHint(base_memory_gb=0.5)
+
+    def run(self, settings, context: ExecContext):
+        return {}
+
+
+class Big(Small):
+    resources = ResourceHint(base_memory_gb=500.0)
+"""
+
+
+def _model_repo(dest: Path) -> Path:
+    """A model without pyproject.toml (its environment is the default image's) in a git working tree of its own."""
+    import subprocess
+
+    (dest / "kmodel").mkdir(parents=True)
+    (dest / "kmodel" / "__init__.py").write_text("")
+    (dest / "kmodel" / "tasks.py").write_text(MODEL_TASKS)
+    (dest / "small.yaml").write_text("name: small\ntasks:\n  small:\n    type: kmodel.tasks:Small\n")
+    (dest / "huge.yaml").write_text("name: huge\ntasks:\n  big:\n    type: kmodel.tasks:Big\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "model"]):
+        subprocess.run(["git", *args], cwd=dest, check=True, env={**env, "PATH": "/usr/bin:/bin"})
+    return dest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # a real server and four CLI processes on a shared machine
 def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as_the_readme_says(
     tmp_path: Path,
 ) -> None:
-    """The ConfigMap's server.yaml (only its folders moved here, and the port) as a real `simrun server`, against the
-    fake API server: the kubernetes executor lists the cluster's nodes for a token made with `simrun tokens add`."""
+    """The ConfigMap's server.yaml (only its folders moved here, the port, and a default image) as a real `simrun
+    server` against the fake API server: for a token made with `simrun tokens add` it lists the cluster's nodes,
+    refuses a run that fits no node in one line and makes a run that fits one valid Workflow."""
     import os
     import re
     import shutil
@@ -160,6 +197,7 @@ def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as
     import socket
     import subprocess
     import sys
+    import time
 
     from kubernetes_fake_api import FakeApiServer, node
 
@@ -211,6 +249,8 @@ def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as
         )
         config["environments"]["uv_cache_dir"] = moved(config["environments"]["uv_cache_dir"])
         config["executor"]["kubernetes"]["kubeconfig"] = str(kubeconfig)  # in the cluster: its service account
+        executor_image = "localhost:30500/simrun/default@sha256:" + "d1" * 32
+        config["executor"]["kubernetes"]["default_image"] = executor_image  # README step 6
         server_yaml = tmp_path / "server.yaml"
         server_yaml.write_text(yaml.safe_dump(config))
         proc = subprocess.Popen(
@@ -236,6 +276,40 @@ def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as
             assert listed.returncode == 0, listed.stderr
             assert {"node-a", "node-b"} <= set(re.findall(r'"name": "([^"]+)"', listed.stdout))
             assert any(r.path == "/api/v1/nodes" for r in api.cluster.requests)
+            client_env = {**env, "SIMRUN_ENDPOINT": address, "SIMRUN_TOKEN": token}
+            model = _model_repo(tmp_path / "model")
+            # A pod that fits no node of the cluster is refused at submission, in one line, nothing submitted.
+            refused = subprocess.run(
+                [simrun, "submit", str(model / "huge.yaml")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=client_env,
+            )
+            assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+            assert "task big" in refused.stderr and "GiB" in refused.stderr, refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1
+            assert not [r for r in api.cluster.requests if r.method == "POST"]
+            # A run that fits becomes one Workflow in the cluster, valid against the CRD, with the default image.
+            done = subprocess.run(
+                [simrun, "submit", str(model / "small.yaml")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=client_env,
+            )
+            assert done.returncode == 0, done.stderr
+            deadline = time.monotonic() + 30
+            while not api.cluster.items("workflows"):
+                assert time.monotonic() < deadline, "no Workflow was created for the submitted run"
+                time.sleep(0.1)
+            (workflow,) = api.cluster.items("workflows")
+            workflow.pop("status", None)
+            for key in ("resourceVersion", "creationTimestamp", "uid"):
+                workflow["metadata"].pop(key, None)
+            assert schemas.errors(workflow) == []
+            images = {t["container"]["image"] for t in workflow["spec"]["templates"] if "container" in t}
+            assert images == {executor_image}
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
