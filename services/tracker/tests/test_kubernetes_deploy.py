@@ -313,3 +313,9 @@ def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
+
+
+def test_argo_keeps_a_succeeded_workflow_s_pods_until_their_logs_are_archived() -> None:
+    argo = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "workflow-controller-configmap")
+    delay = argo["data"]["podGCDeleteDelayDuration"]
+    assert delay.endswith("m") and int(delay[:-1]) >= 1  # Argo's default, 5 s, can beat the archiver
