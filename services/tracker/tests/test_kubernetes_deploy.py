@@ -319,3 +319,13 @@ def test_argo_keeps_a_succeeded_workflow_s_pods_until_their_logs_are_archived() 
     argo = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "workflow-controller-configmap")
     delay = argo["data"]["podGCDeleteDelayDuration"]
     assert delay.endswith("m") and int(delay[:-1]) >= 1  # Argo's default, 5 s, can beat the archiver
+
+
+def test_no_service_of_simrun_can_be_evicted_by_a_reservation() -> None:
+    # A reservation taints its node simrun/reserved=<run>:NoExecute: every pod there that does not tolerate it is
+    # evicted, so simrun's own services stay off the worker nodes (or tolerate the taint).
+    for deployment in by_kind("Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        pinned = spec.get("nodeSelector", {}).get("node-role.kubernetes.io/control-plane") == "true"
+        tolerates = any(t.get("key") == "simrun/reserved" for t in spec.get("tolerations", []))
+        assert pinned or tolerates, deployment["metadata"]["name"]
