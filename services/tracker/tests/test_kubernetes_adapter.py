@@ -688,3 +688,23 @@ def test_a_run_adopted_after_its_workflow_ended_is_dropped_when_forgotten(make, 
     assert second.pods(RUN)
     second.forget(RUN)
     assert second.pods(RUN) == []
+
+
+def test_releasing_a_run_frees_its_node_even_once_cordoned(make, api) -> None:
+    executor = make()
+    executor.reserve("node-a", RUN)
+    deadline = time.monotonic() + 5
+    while (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}).get("simrun/reserved") != RUN:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    api.cluster.modify("nodes", "", "node-a", lambda n: n["spec"].update(unschedulable=True))  # kubectl cordon
+    deadline = time.monotonic() + 5
+    while "node-a" in {n.name for n in executor.nodes()}:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    executor.release(RUN)
+    deadline = time.monotonic() + 5
+    while api.cluster.get("nodes", "", "node-a")["spec"].get("taints"):
+        assert time.monotonic() < deadline, "a cordoned node kept the released run's taint"
+        time.sleep(0.02)
+    assert "simrun/reserved" not in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {})

@@ -308,7 +308,13 @@ class KubernetesExecutor:
 
     def release(self, run_id: str) -> None:
         with self._lock:
-            held = [n.name for n in self.nodes() if n.reserved_by == run_id]
+            # Every node the run holds, a cordoned one too (`nodes()` leaves those out, and its taint would stay).
+            labelled = {
+                o["metadata"]["name"]: (o["metadata"].get("labels") or {}).get(RESERVED)
+                for o in self._nodes_informer.items()
+            }
+            holders = {**labelled, **self._reserving}
+            held = sorted(node for node, holder in holders.items() if holder == run_id)
             for node in held:
                 self._reserving[node] = None
         for node in held:
