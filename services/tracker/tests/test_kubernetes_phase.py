@@ -74,10 +74,14 @@ PREEMPTED = [{"type": "TerminationTarget", "status": "True"}]
             {"message": 'not starting: container main ImagePullBackOff: Back-off pulling image "reg/x@sha256:00"'},
         ),
         (
-            waiting_pod("init", "CreateContainerConfigError", 'secret "simrun-executor.service-account-token" not found'),
+            waiting_pod(
+                "init", "CreateContainerConfigError", 'secret "simrun-executor.service-account-token" not found'
+            ),
             False,
             AttemptPhase.WAITING,
-            {"message": 'not starting: container init CreateContainerConfigError: secret "simrun-executor.service-account-token" not found'},
+            {
+                "message": 'not starting: container init CreateContainerConfigError: secret "simrun-executor.service-account-token" not found'
+            },
         ),
         (k8s_pod("Running"), False, AttemptPhase.RUNNING, {"started": True, "node": "node-a", "memory_gb": 6.0}),
         (k8s_pod("Running", conditions=PREEMPTED), False, AttemptPhase.RUNNING, {"preempted": True}),
