@@ -14,6 +14,14 @@ from simrun_tracker.kubernetes.render import check_workflow
 IMAGE = "registry.simrun:5000/simrun/env@sha256:" + "cd" * 32
 
 
+@pytest.fixture(autouse=True)
+def render_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """render snapshots the model under `$SIMRUN_HOME/render`: a home of the test's own, never the reader's."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("SIMRUN_HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     """A server config whose runs use the server's Python: the example's numpy is this one's, no PyPI in tests
@@ -47,6 +55,7 @@ def test_render_prints_the_workflow_the_executor_would_submit(model_repo: Path, 
     workflow = yaml.safe_load(result.stdout)
     assert schemas.errors(workflow) == []
     check_workflow(workflow)
+    assert (tmp_path / "home" / "render" / "store" / "snapshots").is_dir()
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
     assert {"run", "estimate-w0", "report-w0"} <= set(templates)
     assert templates["estimate-w0"]["container"]["image"] == IMAGE

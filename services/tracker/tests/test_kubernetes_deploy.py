@@ -203,6 +203,7 @@ def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as
 
     simrun = shutil.which("simrun", path=str(Path(sys.executable).parent)) or "simrun"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIMRUN_")}
+    env["SIMRUN_HOME"] = str(tmp_path / "client-home")  # the CLI's own home, never the reader's
     secret = tmp_path / "secret"
     secret.mkdir()
     tokens = secret / "tokens.yaml"
