@@ -27,7 +27,7 @@ from opentelemetry.trace import Span
 from simrun_core.config import DriverConfig
 from simrun_core.errors import SimrunError
 from simrun_core.key_index import KeyIndex
-from simrun_core.telemetry import Telemetry, context_from_traceparent, traceparent_of
+from simrun_core.telemetry import Telemetry, context_from_traceparent, traceparent_of, within_trace
 from simrun_runtime.layout import RunLayout, TaskLayout, read_beneath
 from simrun_runtime.record import OomKill, RunRecord, RunState, TaskRecord, TaskState
 from simrun_runtime.reports import WorkerEnd, load_reports
@@ -481,7 +481,7 @@ class Driver:
             failed = report.ended in (WorkerEnd.FAILED, WorkerEnd.RUNNING)
             self.telemetry.record_span(
                 f"pod {report.worker}",
-                parent=report.traceparent or parent,
+                parent=within_trace(report.traceparent, parent) or parent,
                 start=report.started_at,
                 end=report.ended_at or task.ended_at,
                 attributes={
