@@ -136,10 +136,25 @@ class FakeExecutor:
                 self._history[(recovery.run_id, pod.task_id, pod.worker)] = (list(pod.memory_kills), pod.attempts)
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
-        with self._lock:
-            found = [(k[2], v) for k, v in self._logs.items() if k[:2] == (run_id, task_id) and worker in ("", k[2])]
-        for name, lines in sorted(found):
-            yield f"{name}.log", "".join(lines)
+        """What the test wrote of the task's pods; with `follow`, new lines until the task's pods are final."""
+        sent: dict[str, int] = {}
+        while True:
+            with self._lock:
+                found = [
+                    (k[2], list(v)) for k, v in self._logs.items() if k[:2] == (run_id, task_id) and worker in ("", k[2])
+                ]
+                live = follow and any(
+                    not self._pods[p].status.phase.final
+                    for p in self._by_run.get(run_id, [])
+                    if self._pods[p].status.spec.task_id == task_id
+                )
+            for name, lines in sorted(found):
+                if len(lines) > sent.get(name, 0):
+                    yield f"{name}.log", "".join(lines[sent.get(name, 0) :])
+                    sent[name] = len(lines)
+            if not live:
+                return
+            time.sleep(0.02)
 
     def close(self) -> None:
         return None

@@ -69,6 +69,8 @@ class _Backoff:
     failures: int
     first_failure: float
     next_try: float
+    cancelling: bool = False
+    """Whether the failing steps were carrying out a cancellation already (then a cancellation waits too)."""
 
 
 class Driver:
@@ -197,11 +199,7 @@ class Driver:
             self._wake.clear()
 
     def step(self, run_id: str) -> None:
-        """One step of a run, with its errors classified."""
-        backoff = self._backoff.get(run_id)
-        if backoff is not None and time.monotonic() < backoff.next_try:
-            self._after(run_id, backoff.next_try - time.monotonic())
-            return
+        """One step of a run, with its errors classified; a run backing off waits, unless a cancellation came."""
         lock = self.runs.run_lock(run_id)
         with lock:
             try:
@@ -211,27 +209,48 @@ class Driver:
             if record.state.final:
                 self.runs.forget_lock(run_id)
                 return
+            backoff = self._backoff.get(run_id)
+            # A cancellation requested since the run began backing off is carried out now, not after the wait.
+            cancel_waits = backoff is not None and backoff.cancelling
+            if backoff is not None and (cancel_waits or not record.cancel_requested):
+                if time.monotonic() < backoff.next_try:
+                    self._after(run_id, backoff.next_try - time.monotonic())
+                    return
             self.steps += 1
             try:
-                delay = self._advance(record)
-            except SimrunError as exc:
-                if exc.transient:
-                    self._failed_transiently(record, str(exc))
-                else:
-                    self._fail_run(record, str(exc))
-                return
-            except Exception as exc:
-                log.exception("a step of run %s failed", run_id)
-                self._failed_transiently(record, f"{type(exc).__name__}: {exc}")
-                return
-            self._backoff.pop(run_id, None)
-            if delay is not None:
-                self._after(run_id, delay)
+                self._take_step(record)
+            except Exception:
+                # Recording the failure failed too (the record cannot be written, the executor refuses to end the
+                # run): the driver goes on with the other runs and comes back to this one after the longest wait.
+                log.exception("run %s: its failure could not be recorded", run_id)
+                now = time.monotonic()
+                held = self._backoff.setdefault(run_id, _Backoff(1, now, now))
+                held.next_try = now + self.config.backoff_max_s
+                held.cancelling = record.cancel_requested
+                self._after(run_id, self.config.backoff_max_s)
+
+    def _take_step(self, record: RunRecord) -> None:
+        try:
+            delay = self._advance(record)
+        except SimrunError as exc:
+            if exc.transient:
+                self._failed_transiently(record, str(exc))
+            else:
+                self._fail_run(record, str(exc))
+            return
+        except Exception as exc:
+            log.exception("a step of run %s failed", record.run_id)
+            self._failed_transiently(record, f"{type(exc).__name__}: {exc}")
+            return
+        self._backoff.pop(record.run_id, None)
+        if delay is not None:
+            self._after(record.run_id, delay)
 
     def _failed_transiently(self, record: RunRecord, error: str) -> None:
         now = time.monotonic()
         backoff = self._backoff.setdefault(record.run_id, _Backoff(0, now, now))
         backoff.failures += 1
+        backoff.cancelling = record.cancel_requested
         if now - backoff.first_failure >= self.config.give_up_s:
             self._fail_run(record, f"failing for {now - backoff.first_failure:.0f} s: {error}")
             return
