@@ -122,6 +122,7 @@ def test_following_the_logs_of_a_task_waiting_for_its_inputs_follows_it_to_its_e
     server = start_server()
     owner = client_for(server, "owner")
     run = owner.submit(write_workflow(e2e_model, TWO, "two.yaml"))
+
     def total_state() -> int:
         return next(t.state for t in owner.get_run(run.run_id).tasks if t.task_id == "total")
 

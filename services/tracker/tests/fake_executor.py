@@ -141,7 +141,9 @@ class FakeExecutor:
         while True:
             with self._lock:
                 found = [
-                    (k[2], list(v)) for k, v in self._logs.items() if k[:2] == (run_id, task_id) and worker in ("", k[2])
+                    (k[2], list(v))
+                    for k, v in self._logs.items()
+                    if k[:2] == (run_id, task_id) and worker in ("", k[2])
                 ]
                 live = follow and any(
                     not self._pods[p].status.phase.final

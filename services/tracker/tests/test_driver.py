@@ -498,7 +498,9 @@ class Unreleasing(FakeExecutor):
 
 def test_a_run_whose_end_cannot_be_carried_out_does_not_stop_the_driver_for_other_runs(make_world) -> None:
     config = DriverConfig(backoff_initial_s=0.05, backoff_max_s=0.1, give_up_s=0.3, tick_s=0.5)
-    world = make_world(Unreleasing([Node("n1", cores=4, memory_gb=16), Node("n2", cores=4, memory_gb=16)]), config=config)
+    world = make_world(
+        Unreleasing([Node("n1", cores=4, memory_gb=16), Node("n2", cores=4, memory_gb=16)]), config=config
+    )
     world.submit(task("fit"), reserve="n1")
     world.until(running)
     world.executor.exit("r1", "fit")

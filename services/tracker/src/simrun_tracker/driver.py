@@ -211,11 +211,10 @@ class Driver:
                 return
             backoff = self._backoff.get(run_id)
             # A cancellation requested since the run began backing off is carried out now, not after the wait.
-            cancel_waits = backoff is not None and backoff.cancelling
-            if backoff is not None and (cancel_waits or not record.cancel_requested):
-                if time.monotonic() < backoff.next_try:
-                    self._after(run_id, backoff.next_try - time.monotonic())
-                    return
+            waits = backoff is not None and (backoff.cancelling or not record.cancel_requested)
+            if backoff is not None and waits and time.monotonic() < backoff.next_try:
+                self._after(run_id, backoff.next_try - time.monotonic())
+                return
             self.steps += 1
             try:
                 self._take_step(record)
