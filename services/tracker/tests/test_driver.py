@@ -512,3 +512,22 @@ def test_a_run_whose_end_cannot_be_carried_out_does_not_stop_the_driver_for_othe
     steps = world.driver.steps
     time.sleep(0.5)
     assert world.driver.steps - steps < 10, "the run that cannot end spins"
+
+
+def test_a_workflow_found_invalid_once_its_environment_is_ready_fails_with_the_describer_s_reason(make_world) -> None:
+    world = make_world()
+    world.environments.state = EnvironmentState.BUILDING
+
+    def planner(record: RunRecord) -> None:
+        raise InvalidArgument("task fit: m:T has no setting 'sead' (did you mean 'seed'?)")
+
+    world.driver.planner = planner
+    world.submit(task("fit"), unplanned=True)
+    world.until(lambda r: "building" in r.message)
+    world.environments.state = EnvironmentState.READY
+    record = world.until(lambda r: r.state.final)
+    assert (record.state, record.message) == (
+        RunState.FAILED,
+        "task fit: m:T has no setting 'sead' (did you mean 'seed'?)",
+    )
+    assert world.executor.pods("r1") == [] and record.tasks["fit"].state == TaskState.CANCELLED
