@@ -129,11 +129,11 @@ class FakeExecutor:
             self._admit()
 
     def restore(self, recovery: RunRecovery) -> None:
-        if recovery.reservation:
-            self.reserve(recovery.reservation, recovery.run_id)
         with self._lock:
             for pod in recovery.pods:
                 self._history[(recovery.run_id, pod.task_id, pod.worker)] = (list(pod.memory_kills), pod.attempts)
+        if recovery.reservation:
+            self.reserve(recovery.reservation, recovery.run_id)
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
         """What the test wrote of the task's pods; with `follow`, new lines until the task's pods are final."""

@@ -9,6 +9,7 @@ memory, and restart the executor over the same store.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Protocol
 import pytest
 from fake_executor import FakeExecutor
 from kubernetes_cluster import ScriptedCluster
+from simrun_core.errors import NotFound
 from simrun_planner import Node
 from simrun_runtime.layout import StoreLayout
 from simrun_tracker.executor import (
@@ -368,3 +370,17 @@ def test_a_pod_s_lines_reach_its_logs_and_following_them_ends_with_its_task(harn
     assert all(name.startswith("w0.") for name, _ in lines)
     again = "".join(text for _, text in executor.logs("r1", "t", "", follow=False))
     assert "hello\nagain\n" in again
+
+
+def test_a_run_restored_without_its_node_keeps_its_pods_memory_kills_and_attempts(harness: Harness) -> None:
+    # The node it reserved is gone from the config: the reservation cannot be taken again, its history still is.
+    if isinstance(harness, KubernetesHarness):
+        pytest.skip("a cluster adapter restores a run by adopting its Workflow, whose status holds the attempts")
+    executor = harness.executor
+    history = [PodHistory("t", "w0", [MemoryKill(0.25, 0.25, "recorded")], 1)]
+    with contextlib.suppress(NotFound):
+        executor.restore(RunRecovery("r1", "gone", history))
+    pod = spec("r1", "t")
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING, attempts=2))
+    assert observed(executor, pod).memory_gb == 0.375 and len(observed(executor, pod).memory_kills) == 1

@@ -260,7 +260,8 @@ class Executor(Protocol):
         ...
 
     def restore(self, recovery: RunRecovery) -> None:
-        """Re-applies what an active run's record says (reservation, memory kills, attempts) after a restart."""
+        """Re-applies what an active run's record says (memory kills, attempts, reservation) after a restart; the
+        pods' history is kept even where the reservation cannot be taken again (`NotFound`: its node is gone)."""
         ...
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:

@@ -219,13 +219,17 @@ class LocalExecutor:
         raise FailedPrecondition("the local executor starts a run's tasks one by one (start_pods), not a whole run")
 
     def restore(self, recovery: RunRecovery) -> None:
-        """Re-applies a run's reservation and each pod's memory kills and attempts, before its pods start again."""
-        if recovery.reservation:
-            self.reserve(recovery.reservation, recovery.run_id)
+        """Re-applies each pod's memory kills and attempts and the run's reservation, before its pods start again.
+
+        The history first: a reservation that cannot be taken again (its node is gone from the config) raises, and
+        must not cost the pods their kills for memory (a second one must still fail the pod).
+        """
         with self._lock:
             for pod in recovery.pods:
                 key = (recovery.run_id, pod.task_id, pod.worker)
                 self._history[key] = ([dataclasses.replace(k) for k in pod.memory_kills], pod.attempts)
+        if recovery.reservation:
+            self.reserve(recovery.reservation, recovery.run_id)
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
         """Reads `tasks/<task>/logs/<worker>.log` of the store, from where the last read stopped.
