@@ -531,3 +531,20 @@ def test_a_workflow_found_invalid_once_its_environment_is_ready_fails_with_the_d
         "task fit: m:T has no setting 'sead' (did you mean 'seed'?)",
     )
     assert world.executor.pods("r1") == [] and record.tasks["fit"].state == TaskState.CANCELLED
+
+
+def test_a_sigkill_survives_a_restart_and_the_second_fails_the_run(make_world) -> None:
+    first = make_world()
+    first.submit(task("fit"))
+    first.until(running)
+    first.executor.exit("r1", "fit", code=137)  # no evidence of the OOM killer: retried once, not a kill for memory
+    first.until(lambda r: r.tasks["fit"].sigkills == {"w0": 1} and r.tasks["fit"].attempts.get("w0") == 2)
+    first.driver.stop()
+    second = make_world()
+    second._planned_tasks = first._planned_tasks
+    second.until(lambda r: second.executor.pods("r1") != [] and second.executor.status("r1", "fit").attempts == 3)
+    restarted = second.executor.status("r1", "fit")
+    assert (restarted.memory_gb, restarted.sigkills) == (restarted.spec.retry_memory_gb, 1)
+    second.executor.exit("r1", "fit", code=137)
+    record = second.until(lambda r: r.state.final)
+    assert record.state == RunState.FAILED and "not retried again" in record.message and record.oom_kills == []

@@ -40,10 +40,10 @@ from simrun_tracker.local.confinement import PodConfinement
 
 NODES = [Node("n1", cores=2, memory_gb=2.0), Node("n2", cores=1, memory_gb=2.0)]
 
-# A local pod that obeys its control file: `say WORD` (a line to its log), `exit N`, or `oom` (takes memory past
-# any test limit).
+# A local pod that obeys its control file: `say WORD` (a line to its log), `exit N`, `sigkill` (by its own hand:
+# no evidence of the OOM killer), or `oom` (takes memory past any test limit).
 OBEY = """
-import pathlib, signal, sys, time
+import os, pathlib, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 control = pathlib.Path(sys.argv[1])
 while True:
@@ -56,6 +56,8 @@ while True:
     print(order[1], flush=True)
 if order[0] == "exit":
     sys.exit(int(order[1]))
+if order[0] == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
 chunks = []
 while True:
     chunk = bytearray(16 * 1024 * 1024)
@@ -73,6 +75,8 @@ class Harness(Protocol):
     def kill_for_memory(self, spec: PodSpec) -> None: ...
 
     def say(self, spec: PodSpec, word: str) -> None: ...
+
+    def sigkill(self, spec: PodSpec) -> None: ...
 
     def restart(self) -> Executor: ...
 
@@ -96,6 +100,9 @@ class LocalHarness:
 
     def kill_for_memory(self, spec: PodSpec) -> None:
         (self.box / f"{spec.pod_id}.ctl").write_text("oom")
+
+    def sigkill(self, spec: PodSpec) -> None:
+        (self.box / f"{spec.pod_id}.ctl").write_text("sigkill")
 
     def say(self, spec: PodSpec, word: str) -> None:
         control = self.box / f"{spec.pod_id}.ctl"
@@ -121,6 +128,10 @@ class FakeHarness:
     def kill_for_memory(self, spec: PodSpec) -> None:
         assert isinstance(self.executor, FakeExecutor)
         self.executor.kill_for_memory(spec.run_id, spec.task_id, spec.worker)
+
+    def sigkill(self, spec: PodSpec) -> None:
+        assert isinstance(self.executor, FakeExecutor)
+        self.executor.exit(spec.run_id, spec.task_id, spec.worker, 137)
 
     def say(self, spec: PodSpec, word: str) -> None:
         assert isinstance(self.executor, FakeExecutor)
@@ -172,6 +183,9 @@ class KubernetesHarness:
 
     def kill_for_memory(self, spec: PodSpec) -> None:
         self.cluster.exit(spec.run_id, spec.task_id, spec.worker, 137, "OOMKilled")
+
+    def sigkill(self, spec: PodSpec) -> None:
+        self.cluster.exit(spec.run_id, spec.task_id, spec.worker, 137)
 
     def say(self, spec: PodSpec, word: str) -> None:
         with self.cluster.api.cluster.cond:
@@ -384,3 +398,21 @@ def test_a_run_restored_without_its_node_keeps_its_pods_memory_kills_and_attempt
     executor.start_pods([pod])
     eventually(phase(executor, pod, PodPhase.RUNNING, attempts=2))
     assert observed(executor, pod).memory_gb == 0.375 and len(observed(executor, pod).memory_kills) == 1
+
+
+def test_a_restarted_executor_takes_back_a_sigkill_so_a_second_one_fails_the_pod(harness: Harness) -> None:
+    pod = spec("r1", "t")
+    harness.executor.start_pods([pod])
+    eventually(phase(harness.executor, pod, PodPhase.RUNNING))
+    harness.sigkill(pod)
+    eventually(phase(harness.executor, pod, PodPhase.RUNNING, attempts=2))
+    first = observed(harness.executor, pod)
+    assert (first.sigkills, first.memory_kills, first.memory_gb) == (1, [], 0.375)
+    executor = harness.restart()
+    executor.restore(RunRecovery("r1", None, [PodHistory("t", "w0", [], 2, sigkills=1)]))
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING, attempts=3))
+    assert observed(executor, pod).memory_gb == 0.375
+    harness.sigkill(pod)
+    eventually(phase(executor, pod, PodPhase.FAILED))
+    assert "not retried again" in observed(executor, pod).message

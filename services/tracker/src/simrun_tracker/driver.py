@@ -125,15 +125,18 @@ class Driver:
         for record in records:
             pods = []
             for task in record.tasks.values():
-                for worker in sorted(
-                    set(task.attempts) | {k.worker for k in record.oom_kills if k.task_id == task.task_id}
-                ):
+                workers = set(task.attempts) | set(task.sigkills)
+                for worker in sorted(workers | {k.worker for k in record.oom_kills if k.task_id == task.task_id}):
                     kills = [
                         MemoryKill(k.memory_gb, k.per_worker_gb, "recorded")
                         for k in record.oom_kills
                         if k.task_id == task.task_id and k.worker == worker
                     ]
-                    pods.append(PodHistory(task.task_id, worker, kills, task.attempts.get(worker, 0)))
+                    pods.append(
+                        PodHistory(
+                            task.task_id, worker, kills, task.attempts.get(worker, 0), task.sigkills.get(worker, 0)
+                        )
+                    )
             try:
                 self.executor.restore(RunRecovery(record.run_id, record.reservation, pods))
             except SimrunError as exc:
@@ -351,10 +354,13 @@ class Driver:
         return record.environment
 
     def _record_pods(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:
-        """Keeps in the record what a restarted tracker must re-apply: attempts and memory kills per worker."""
+        """Keeps in the record what a restarted tracker must re-apply: attempts, SIGKILLs and memory kills per
+        worker."""
         for pod in pods:
             if pod.attempts and task.attempts.get(pod.spec.worker, 0) != pod.attempts:
                 task.attempts[pod.spec.worker] = pod.attempts
+            if pod.sigkills and task.sigkills.get(pod.spec.worker, 0) != pod.sigkills:
+                task.sigkills[pod.spec.worker] = pod.sigkills
             known = [k for k in record.oom_kills if k.task_id == task.task_id and k.worker == pod.spec.worker]
             for kill in pod.memory_kills[len(known) :]:
                 record.oom_kills.append(

@@ -197,6 +197,8 @@ class PodHistory:
     worker: str
     memory_kills: list[MemoryKill] = field(default_factory=list)
     attempts: int = 0
+    sigkills: int = 0
+    """Exits by SIGKILL without evidence of the OOM killer: after one the pod runs at its retry memory."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,8 @@ class Executor(Protocol):
         ...
 
     def restore(self, recovery: RunRecovery) -> None:
-        """Re-applies what an active run's record says (memory kills, attempts, reservation) after a restart; the
+        """Re-applies what an active run's record says (memory kills, SIGKILLs, attempts, reservation) after a
+        restart; the
         pods' history is kept even where the reservation cannot be taken again (`NotFound`: its node is gone)."""
         ...
 
