@@ -263,8 +263,8 @@ class Executor(Protocol):
 
     def restore(self, recovery: RunRecovery) -> None:
         """Re-applies what an active run's record says (memory kills, SIGKILLs, attempts, reservation) after a
-        restart; the
-        pods' history is kept even where the reservation cannot be taken again (`NotFound`: its node is gone)."""
+        restart; the pods' history is kept even where the reservation cannot be taken again (`NotFound`: its node
+        is gone)."""
         ...
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
