@@ -39,9 +39,7 @@ def wait_running(client, run_id: str, units_done: int = 1, timeout_s: float = 30
     raise AssertionError(f"run {run_id} did not start: {client.get_run(run_id)}")
 
 
-def test_an_owner_run_takes_back_an_agents_extra_workers_and_both_finish_correctly(
-    start_server, client_for, e2e_model
-):
+def test_an_owner_run_takes_back_an_agents_extra_workers_and_both_finish_correctly(start_server, client_for, e2e_model):
     server = start_server(nodes=THREE_NODES)
     agent, owner = client_for(server, "agent"), client_for(server, "owner")
     agent_run = agent.submit(slow(e2e_model, units=48, seconds=0.25, seed=5, name="agent.yaml"))
