@@ -6,8 +6,8 @@ import threading
 import time
 
 import grpc
-from e2e_support import TOKENS, write_workflow
-from simrun.v1 import gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
+from e2e_support import TOKENS, wait_final, write_workflow
+from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
 from simrun_core.rpc.auth import bearer_metadata
 
 SLOW = """
@@ -129,4 +129,6 @@ def test_following_the_logs_of_a_task_waiting_for_its_inputs_follows_it_to_its_e
     assert total_state() == 1  # PENDING: its input is not done
     text = "".join(chunk.lines for chunk in owner.logs(run.run_id, "total", follow=True, timeout_s=90))
     assert "attempt 1 exited with exit code 0" in text, text
-    assert total_state() == 4  # SUCCEEDED once the stream ended
+    # The stream ends with the task's pods; the driver records the task's end a moment later.
+    assert wait_final(owner, run.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
+    assert total_state() == 4
