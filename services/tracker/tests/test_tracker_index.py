@@ -210,7 +210,7 @@ def test_a_row_the_database_refuses_is_left_out_and_the_others_are_written(
 ) -> None:
     good = [save(store, f"r{i}", ALICE, i) for i in range(3)]
     bad = row_from_record(save(store, "bad", ALICE, 9), {})
-    bad.workflow = None  # type: ignore[assignment]  # NOT NULL in the table: as a row the database refuses
+    bad["workflow"] = None  # NOT NULL in the table: as a row the database refuses
     with index._lock:  # the writer waits: the bad row is in the same batch as the good ones
         for record in good[:2]:
             index.put(row_from_record(record, {}))

@@ -218,7 +218,10 @@ class LocalExecutor:
                 self._pods[spec.pod_id] = _Pod(spec, status, priorities[spec.pod_id], self._next_seq())
                 self._pending[spec.pod_id] = self._pods[spec.pod_id]
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
-        self._poke()
+        # New pods wait for the next scheduler pass (at most `poll_s`) rather than waking it: under a burst of
+        # submissions, one pass admits them all, and the submitting thread does not hand the interpreter lock to
+        # the scheduler's thread once per pod.
+        self._admission_due = True
 
     def start_run(self, run: RunSpec) -> None:
         raise FailedPrecondition("the local executor starts a run's tasks one by one (start_pods), not a whole run")
