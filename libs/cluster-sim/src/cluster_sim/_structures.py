@@ -166,6 +166,10 @@ class MachineIndex:
                 self._max_memory = None  # the maximum may have gone: find it again when asked
         self.memory[machine] = memory
 
+    def below(self, cpu: float) -> list[int]:
+        """The machines with less than ``cpu`` free CPU (a new list, in no particular order)."""
+        return self._machines[: bisect_left(self.keys, cpu)]
+
     @property
     def max_cpu(self) -> float:
         """The most free CPU on any machine."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cluster_sim._structures import TOL, MachineIndex, OrderedQueue
-from cluster_sim.allocation import Allocation, QueueOrder, quota_array
+from cluster_sim.allocation import Allocation, QueueOrder, capped_quota
 from cluster_sim.models import (
     CostBreakdown,
     ProcessState,
@@ -56,6 +56,9 @@ _LONG_QUEUE = 48
 
 # Up to this many machines whose free resources grew, an older process is checked against each first.
 _FEW_GROWN = 4
+
+# Quota changes whose size is summed per numpy call.
+_QUOTA_CHANGES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +264,7 @@ class ClusterSimulator:
         self._requested = [0.0] * m_count  # cores requested by running processes
         self._requested_array = np.zeros(m_count)  # the same values, for the sums over machines
         self._memory_used = [0.0] * m_count
+        self._memory_used_array = np.zeros(m_count)  # the same values, for the observation
         self._virtual = [0.0] * m_count  # full-speed seconds elapsed on the machine
         self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
@@ -276,11 +280,13 @@ class ClusterSimulator:
         self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
         self._changed: set[int] = set()  # machines whose batch budget or requested CPU changed
+        self._all_changed = False  # every machine's budget changed (an allocation): as if all were in _changed
         self._touched: set[int] = set()  # machines whose set of running processes changed
         self._free = MachineIndex([0.0] * m_count, self._batch_memory_list)
-        self._stale: set[int] = set(range(m_count))  # machines whose entry in _free is out of date
+        self._stale: set[int] = set()  # machines whose entry in _free is out of date
+        self._all_stale = True  # every machine's entry in _free is out of date: as if all were in _stale
         self._memory_stale: set[int] = set(range(m_count))  # those of them whose memory in use changed
-        self._every = frozenset(range(m_count))
+        self._every = range(m_count)
         self._dirty = False
         self._fresh: list[int] = []  # processes released since the last placement pass
 
@@ -299,7 +305,9 @@ class ClusterSimulator:
         self._use_rate_stale = False  # requests or rates changed since the last row
         self._shortfall = 0.0  # core-seconds after the warm-up
         self._unfinished = 0.0  # process-seconds after the warm-up
-        self._quota_change = 0.0  # cores after the warm-up
+        self._quota_change = 0.0  # cores after the warm-up, up to the changes still pending
+        # Quota changes (old, new) after the warm-up not yet added to _quota_change: summed per numpy call.
+        self._quota_changes: list[tuple[np.ndarray, np.ndarray]] = []
         self._batch_used = 0.0  # core-seconds
         self._events = 0
 
@@ -452,7 +460,7 @@ class ClusterSimulator:
                     self._schedule()
                 else:
                     self._dirty = False  # nothing to place (and so nothing fresh)
-            if self._changed:
+            if self._changed or self._all_changed:
                 self._update_rates()
             if on_event is not None:
                 on_event(self.observe(queue_rows=0))
@@ -482,7 +490,7 @@ class ClusterSimulator:
             batch_budget=self._budget_array.copy(),
             batch_cpu_requested=self._requested_array.copy(),
             batch_cpu_in_use=self._requested_array * self._rate_array,
-            batch_memory_in_use=np.array(self._memory_used),
+            batch_memory_in_use=self._memory_used_array.copy(),
             queued=self._n_queued,
             running=self._n_running,
             finished=self._n_finished,
@@ -557,13 +565,14 @@ class ClusterSimulator:
     def costs(self) -> CostBreakdown:
         """The cost terms so far (the ``costs`` of :meth:`report`, without the other totals)."""
         config = self._config
+        quota_change = self._flush_quota_changes()
         shortfall = config.shortfall_weight * self._shortfall
         unfinished = config.unfinished_weight * self._unfinished
-        change = config.quota_change_weight * self._quota_change
+        change = config.quota_change_weight * quota_change
         return CostBreakdown(
             float(self._shortfall),
             float(self._unfinished),
-            float(self._quota_change),
+            float(quota_change),
             float(shortfall),
             float(unfinished),
             float(change),
@@ -586,8 +595,8 @@ class ClusterSimulator:
             self._set_budget()
             moved = (self._budget_array != old).nonzero()[0].tolist()
             if len(moved) == len(self._every):
-                self._changed |= self._every
-                self._stale |= self._every
+                self._all_changed = True
+                self._all_stale = True
             else:
                 self._changed.update(moved)
                 self._stale.update(moved)
@@ -605,9 +614,12 @@ class ClusterSimulator:
 
     def _apply(self, allocation: Allocation) -> None:
         self._events += 1
-        quota = np.minimum(quota_array(allocation), self._cpu)
+        quota = capped_quota(allocation, self._flow.machines, self._cpu)
         if self._time >= self._config.warmup:
-            self._quota_change += float(_add_reduce(np.absolute(quota - self._quota)))
+            changes = self._quota_changes
+            changes.append((self._quota, quota))  # neither array is ever written
+            if len(changes) == _QUOTA_CHANGES:
+                self._flush_quota_changes()
         self._quota = quota
         order = allocation.queue_order  # a QueueOrder since Allocation.__post_init__
         self._order = order if type(order) is QueueOrder else QueueOrder(order)
@@ -623,9 +635,23 @@ class ClusterSimulator:
             self._shortfall_rate = float(_add_reduce(np.maximum(self._demand - quota, 0.0)))
             self._shortfall_ahead = []  # computed under the old quota
         self._set_budget()
-        self._changed |= self._every
-        self._stale |= self._every
+        self._all_changed = True
+        self._all_stale = True
         self._dirty = True
+
+    def _flush_quota_changes(self) -> float:
+        """Add the pending quota changes to the quota change, in time order; returns the total."""
+        changes = self._quota_changes
+        if changes:
+            # Σ |new - old| per change, one row per change (row-wise, each row sums as it would alone).
+            old = np.array([before for before, _ in changes])
+            new = np.array([after for _, after in changes])
+            total = self._quota_change
+            for size in _add_reduce(np.absolute(new - old), axis=1).tolist():
+                total += size
+            self._quota_change = total
+            changes.clear()
+        return self._quota_change
 
     def _complete(self, j: int, version: int) -> None:
         if version != self._version[j]:
@@ -665,6 +691,7 @@ class ClusterSimulator:
         self._use[j] = requested * self._rate[j]
         self._use_rate_stale = True
         self._memory_used[j] = memory_used
+        self._memory_used_array[j] = memory_used
         self._changed.add(j)
         self._touched.add(j)
         self._stale.add(j)
@@ -690,7 +717,8 @@ class ClusterSimulator:
             (when ``grew_needed``; else the list may be empty whatever grew).
         """
         stale = self._stale
-        if not stale:
+        all_stale = self._all_stale
+        if not stale and not all_stale:
             return []
         fraction = self._fraction
         budget = self._budget_list
@@ -698,15 +726,19 @@ class ClusterSimulator:
         batch_memory = self._batch_memory_list
         memory_used = self._memory_used
         free = self._free
-        if len(stale) > _BULK:
-            # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's).
-            cpu_array = fraction * self._budget_array - self._requested_array
+        if all_stale or len(stale) > _BULK:
+            # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's;
+            # 1.0 × a budget is the budget).
+            if fraction == 1.0:
+                cpu_array = self._budget_array - self._requested_array
+            else:
+                cpu_array = fraction * self._budget_array - self._requested_array
             new_cpu = cpu_array.tolist()
             # Only the machines whose memory in use changed have another free memory now.
             new_memory = free.memory
             if grew_needed:
                 old_cpu = free.cpu
-                grew = [j for j in stale if new_cpu[j] > old_cpu[j]]
+                grew = [j for j in (self._every if all_stale else stale) if new_cpu[j] > old_cpu[j]]
                 for j in self._memory_stale:
                     memory = batch_memory[j] - memory_used[j]
                     if memory > new_memory[j] and not new_cpu[j] > old_cpu[j]:
@@ -732,6 +764,7 @@ class ClusterSimulator:
                 if cpu != old_cpu or memory != old_memory:
                     free.set(j, cpu, memory)
         stale.clear()
+        self._all_stale = False
         self._memory_stale.clear()
         return grew
 
@@ -926,7 +959,9 @@ class ClusterSimulator:
         self._requested_array[j] = requested
         self._use[j] = requested * self._rate[j]
         self._use_rate_stale = True
-        self._memory_used[j] += memory
+        memory_used = self._memory_used[j] + memory
+        self._memory_used[j] = memory_used
+        self._memory_used_array[j] = memory_used
         free.set(j, free.cpu[j] - cpu, free.memory[j] - memory)
         self._stale.add(j)
         self._memory_stale.add(j)
@@ -939,9 +974,10 @@ class ClusterSimulator:
     def _update_rates(self) -> None:
         """New rates on the machines whose budget or requests changed, new completions where needed."""
         changed = self._changed
-        if not changed:
+        all_changed = self._all_changed
+        if not changed and not all_changed:
             return
-        if len(changed) == 1 and self._touched <= changed:
+        if len(changed) == 1 and not all_changed and self._touched <= changed:
             # The common case, one machine (a process started or finished there), without the sets.
             (j,) = changed
             touched = bool(self._touched)
@@ -956,12 +992,11 @@ class ClusterSimulator:
         moved: list[int] = []
         # Proportional slow-down: every process on the machine gets the same fraction of its request.
         candidates: Iterable[int] = changed
-        if len(changed) > _BULK:
+        if all_changed or len(changed) > _BULK:
             # Over every machine: only one slowed down before or now can have a rate other than 1
             # (one whose budget and requests did not change keeps its rate).
-            available = np.maximum(self._budget_array, 0.0)
-            slowed = (self._requested_array > available + _TOL).nonzero()[0].tolist()
-            candidates = self._slowed.union(slowed)
+            candidates = self._slowed.union(self._maybe_slowed())
+            self._all_changed = False
         budget = self._budget_list
         requested_list = self._requested
         new_rates = []
@@ -1021,6 +1056,23 @@ class ClusterSimulator:
                 self._sequence += 1
         changed.clear()
         touched.clear()
+
+    def _maybe_slowed(self) -> Iterable[int]:
+        """Machines that may request more than their budget: every machine whose requests exceed it, maybe more.
+
+        A machine whose requests exceed its budget has negative free CPU (``fraction ≤ 1``), and the
+        machines with negative free CPU come first in the best-fit index; the entries of stale machines
+        may be out of date, so they are added. The index is brought up to date first if most of it is
+        stale, unless processes are queued: then the next placement pass needs to know which machines'
+        free resources grew since the last, and numpy finds the machines instead.
+        """
+        if self._all_stale or len(self._stale) > _BULK:
+            if self._n_queued:
+                return (self._requested_array > self._budget_array).nonzero()[0].tolist()
+            # Nothing is queued, so the next placement pass considers only the processes released by
+            # then, whatever grew.
+            self._refresh_free(grew_needed=False)
+        return [*self._free.below(0.0), *self._stale]
 
     def _update_rate(self, j: int, touched: bool) -> None:
         """:meth:`_update_rates` for machine ``j`` alone (``touched``: whether its running processes changed)."""
