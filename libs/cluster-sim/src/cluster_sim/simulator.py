@@ -48,8 +48,9 @@ _add_reduce = np.add.reduce
 # States of the batch CPU in use summed per numpy call.
 _USE_ROWS = 256
 
-# Demand samples whose online shortfall is computed per numpy call (until the quota changes).
-_SHORTFALL_AHEAD = 8
+# Above this many integration steps or shortfall segments pending, they are added up (memory stays bounded).
+_SHORTFALL_STEPS = 4096
+_SHORTFALL_SEGMENTS = 256
 
 # Above this many queued processes, a placement pass filters the queue with numpy first.
 _LONG_QUEUE = 48
@@ -135,6 +136,7 @@ class _FlowTables:
     release_process: list[int]  # processes in FIFO order: the order equal release times are handled in
     release_time: list[float]  # fifo_release and a final infinity
     demand_samples: np.ndarray  # (samples, machines) cores; a row serves as the current demand
+    demand_rows: np.ndarray  # zero demand (before the first sample), then demand_samples
     demand_time: list[float]  # sample times and a final infinity
 
     @classmethod
@@ -168,7 +170,8 @@ class _FlowTables:
             QueueOrder.DOMINANT_SHARE: np.lexsort((index, p_release, share)),
         }
         demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), len(machines))
-        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_samples):
+        demand_rows = np.concatenate([np.zeros((1, len(machines))), demand_samples])
+        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_samples, demand_rows):
             array.flags.writeable = False
         fifo_release = p_release[fifo].tolist()
         return cls(
@@ -188,6 +191,7 @@ class _FlowTables:
             release_process=fifo.tolist(),
             release_time=[*fifo_release, math.inf],
             demand_samples=demand_samples,
+            demand_rows=demand_rows,
             demand_time=[*(s.time for s in flow.demand), math.inf],
         )
 
@@ -255,6 +259,7 @@ class ClusterSimulator:
         self._target = [0.0] * n  # the machine's virtual clock value at which the process is done
 
         self._demand_samples = tables.demand_samples
+        self._demand_rows = tables.demand_rows
         self._demand_time = tables.demand_time
         self._next_demand = 0
         self._demand = np.zeros(m_count)  # cores
@@ -298,9 +303,11 @@ class ClusterSimulator:
         self._n_running = 0
         self._n_finished = 0
         self._queued_cpu = 0.0
-        self._shortfall_rate = 0.0  # cores
-        self._shortfall_ahead: list[float] = []  # shortfall of samples from _shortfall_from on, current quota
-        self._shortfall_from = 0
+        # The online shortfall integrated lazily: the seconds counted of each integration step, and the
+        # segments of steps under one demand row and one quota, (first step, row of _demand_rows, quota).
+        # The shortfall rate of every segment is computed per numpy call when they are added up.
+        self._shortfall_steps: list[float] = []
+        self._shortfall_segments: list[tuple[int, int, np.ndarray]] = []
         self._batch_use_rate = 0.0  # cores, when no row is pending
         self._use_rate_stale = False  # requests or rates changed since the last row
         self._shortfall = 0.0  # core-seconds after the warm-up
@@ -311,7 +318,9 @@ class ClusterSimulator:
         self._batch_used = 0.0  # core-seconds
         self._events = 0
 
-        self._heap: list[tuple[float, int, int, object]] = []
+        # (time, priority, sequence, allocation) or (time, priority, sequence, machine, version) of a
+        # completion; the unique sequence numbers order equal times, so the rest is never compared.
+        self._heap: list[tuple[float, int, int, Allocation] | tuple[float, int, int, int, int]] = []
         self._sequence = n + len(flow.demand)  # the flow's own events come first at equal keys
 
         if initial_allocation is None:
@@ -321,7 +330,7 @@ class ClusterSimulator:
         self._quota = np.minimum(np.array(initial_allocation.online_quota, dtype=float), self._cpu)
         self._order = QueueOrder(initial_allocation.queue_order)
         self._fraction = initial_allocation.admission_fraction
-        self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
+        self._shortfall_segments.append((0, 0, self._quota))
         self._set_budget()
 
     # Public API -----------------------------------------------------------------------------
@@ -387,16 +396,24 @@ class ClusterSimulator:
         demand_time = self._demand_time
         warmup = self._config.warmup
         complete = self._complete
+        version = self._version
+        changed = self._changed
+        use_steps = self._use_steps
+        # A row of batch CPU in use is copied through memoryviews (cheaper than numpy's item assignment).
+        m_count = len(self._use)
+        use_now = memoryview(self._use)
+        use_rows = memoryview(self._use_rows.reshape(-1))
+        shortfall_steps = self._shortfall_steps
         state = self._state
         fresh = self._fresh
         p_cpu = self._p_cpu_list
+        next_release = self._next_release
+        next_demand = self._next_demand
+        release_at = release_time[next_release]
+        demand_at = demand_time[next_demand]
         while True:
-            # The next instant: the earliest of the heap, the next demand sample and the next release.
-            next_release = self._next_release
-            next_demand = self._next_demand
-            now = release_time[next_release]
-            if demand_time[next_demand] < now:
-                now = demand_time[next_demand]
+            # The next instant: the earliest of the next release, the next demand sample and the heap.
+            now = release_at if release_at < demand_at else demand_at
             if heap and heap[0][0] < now:
                 now = heap[0][0]
             if not now <= target:
@@ -410,32 +427,37 @@ class ClusterSimulator:
                     if row == _USE_ROWS:
                         self._flush_use()
                         row = 0
-                    self._use_rows[row] = self._use
+                    start = row * m_count
+                    use_rows[start : start + m_count] = use_now
                     self._use_row_count = row + 1
                     self._use_rate_stale = False
-                    self._use_steps.append((row, elapsed))
+                    use_steps.append((row, elapsed))
                 elif self._use_row_count:
-                    self._use_steps.append((self._use_row_count - 1, elapsed))
+                    use_steps.append((self._use_row_count - 1, elapsed))
                 else:
                     self._batch_used += self._batch_use_rate * elapsed
                 counted = now - (previous if previous > warmup else warmup)
                 if counted > 0:
-                    self._shortfall += self._shortfall_rate * counted
+                    shortfall_steps.append(counted)
                     self._unfinished += (self._n_queued + self._n_running) * counted
             self._time = now
             handled = self._events
             # At one instant: completions, then allocations (both in the heap, by priority and
             # sequence), then the demand sample, then releases in FIFO order.
             while heap and heap[0][0] == now:
-                _, kind, _, payload = heappop(heap)
-                if kind == _COMPLETION:
-                    complete(*payload)  # type: ignore[misc]
+                entry = heappop(heap)
+                if entry[1] == _COMPLETION:
+                    j = entry[3]
+                    if entry[4] == version[j]:  # else superseded: the machine's rate or next completion changed
+                        complete(j)
                 else:
-                    self._apply(payload)  # type: ignore[arg-type]
-            if demand_time[next_demand] == now:
+                    self._apply(entry[3])
+            if demand_at == now:
                 self._set_demand(next_demand)
-                self._next_demand = next_demand + 1
-            if release_time[next_release] == now:
+                next_demand += 1
+                self._next_demand = next_demand
+                demand_at = demand_time[next_demand]
+            if release_at == now:
                 # Releases, in FIFO order: each process enters the queues in the placement pass
                 # that follows, unless it starts there.
                 first = next_release
@@ -448,6 +470,7 @@ class ClusterSimulator:
                     next_release += 1
                 count = next_release - first
                 self._next_release = next_release
+                release_at = release_time[next_release]
                 self._queued_cpu = queued_cpu
                 self._events += count
                 self._n_released += count
@@ -460,12 +483,14 @@ class ClusterSimulator:
                     self._schedule()
                 else:
                     self._dirty = False  # nothing to place (and so nothing fresh)
-            if self._changed or self._all_changed:
+            if changed or self._all_changed:
                 self._update_rates()
             if on_event is not None:
                 on_event(self.observe(queue_rows=0))
         self._integrate(target)
         self._time = target
+        if len(shortfall_steps) > _SHORTFALL_STEPS:
+            self._flush_shortfall()
         return self.observe(queue_rows=queue_rows)
 
     def observe(self, *, queue_rows: int = 16) -> SimulationObservation:
@@ -566,7 +591,7 @@ class ClusterSimulator:
         """The cost terms so far (the ``costs`` of :meth:`report`, without the other totals)."""
         config = self._config
         quota_change = self._flush_quota_changes()
-        shortfall = config.shortfall_weight * self._shortfall
+        shortfall = config.shortfall_weight * self._flush_shortfall()
         unfinished = config.unfinished_weight * self._unfinished
         change = config.quota_change_weight * quota_change
         return CostBreakdown(
@@ -581,8 +606,8 @@ class ClusterSimulator:
 
     # Events ---------------------------------------------------------------------------------
 
-    def _push(self, time: float, priority: int, payload: object) -> None:
-        heapq.heappush(self._heap, (time, priority, self._sequence, payload))
+    def _push(self, time: float, priority: int, allocation: Allocation) -> None:
+        heapq.heappush(self._heap, (time, priority, self._sequence, allocation))
         self._sequence += 1
 
     def _set_demand(self, k: int) -> None:
@@ -601,16 +626,7 @@ class ClusterSimulator:
                 self._changed.update(moved)
                 self._stale.update(moved)
             self._dirty = True
-        offset = k - self._shortfall_from
-        ahead = self._shortfall_ahead
-        if not 0 <= offset < len(ahead):
-            # The shortfall of the next samples under the current quota, one row per sample (a row-wise
-            # reduction sums each row exactly as summing it alone does).
-            rows = np.maximum(self._demand_samples[k : k + _SHORTFALL_AHEAD] - self._quota, 0.0)
-            ahead = self._shortfall_ahead = _add_reduce(rows, axis=1).tolist()
-            self._shortfall_from = k
-            offset = 0
-        self._shortfall_rate = ahead[offset]
+        self._new_shortfall_segment(k + 1, self._quota)
 
     def _apply(self, allocation: Allocation) -> None:
         self._events += 1
@@ -624,20 +640,45 @@ class ClusterSimulator:
         order = allocation.queue_order  # a QueueOrder since Allocation.__post_init__
         self._order = order if type(order) is QueueOrder else QueueOrder(order)
         self._fraction = allocation.admission_fraction
-        k = self._next_demand - 1  # the demand sample in effect, if any
-        if k >= 0:
-            # The shortfall of it and the next samples under the new quota, as _set_demand computes it.
-            rows = np.maximum(self._demand_samples[k : k + _SHORTFALL_AHEAD] - quota, 0.0)
-            ahead = self._shortfall_ahead = _add_reduce(rows, axis=1).tolist()
-            self._shortfall_from = k
-            self._shortfall_rate = ahead[0]
-        else:
-            self._shortfall_rate = float(_add_reduce(np.maximum(self._demand - quota, 0.0)))
-            self._shortfall_ahead = []  # computed under the old quota
+        self._new_shortfall_segment(self._next_demand, quota)  # the demand sample in effect, if any
         self._set_budget()
         self._all_changed = True
         self._all_stale = True
         self._dirty = True
+
+    def _new_shortfall_segment(self, row: int, quota: np.ndarray) -> None:
+        """From now on the online shortfall is that of ``_demand_rows[row]`` above ``quota``."""
+        segments = self._shortfall_segments
+        steps = len(self._shortfall_steps)
+        if segments[-1][0] == steps:
+            segments[-1] = (steps, row, quota)  # the last segment had no step
+        else:
+            segments.append((steps, row, quota))
+            if len(segments) > _SHORTFALL_SEGMENTS or steps > _SHORTFALL_STEPS:
+                self._flush_shortfall()
+
+    def _flush_shortfall(self) -> float:
+        """Add the pending integration steps to the online shortfall, in time order; returns the total."""
+        steps = self._shortfall_steps
+        segments = self._shortfall_segments
+        if steps:
+            # Σ max(demand - quota, 0) per segment, one row per segment (row-wise, each row sums as it
+            # would alone).
+            demand = self._demand_rows[[row for _, row, _ in segments]]
+            quota = np.array([quota for _, _, quota in segments])
+            rates = _add_reduce(np.maximum(demand - quota, 0.0), axis=1).tolist()
+            ends = [first for first, _, _ in segments[1:]]
+            ends.append(len(steps))
+            total = self._shortfall
+            for (first, _, _), end, rate in zip(segments, ends, rates, strict=True):
+                for counted in steps[first:end]:
+                    total += rate * counted
+            self._shortfall = total
+            steps.clear()
+        _, row, quota = segments[-1]
+        segments.clear()
+        segments.append((0, row, quota))
+        return self._shortfall
 
     def _flush_quota_changes(self) -> float:
         """Add the pending quota changes to the quota change, in time order; returns the total."""
@@ -653,9 +694,8 @@ class ClusterSimulator:
             changes.clear()
         return self._quota_change
 
-    def _complete(self, j: int, version: int) -> None:
-        if version != self._version[j]:
-            return  # superseded: the machine's rate or next completion changed since it was scheduled
+    def _complete(self, j: int) -> None:
+        """Finish the processes due on machine ``j`` now (at its completion event, not superseded)."""
         self._events += 1
         now = self._time
         virtual = self._virtual[j]
@@ -664,7 +704,7 @@ class ClusterSimulator:
             virtual += self._rate[j] * elapsed
             self._virtual[j] = virtual
         self._virtual_at[j] = now
-        limit = virtual + 1e-9 * max(1.0, abs(virtual))
+        limit = virtual + 1e-9 * (virtual if virtual > 1.0 else 1.0)  # the clock never runs backwards
         running = self._running[j]
         p_cpu = self._p_cpu_list
         p_memory = self._p_memory_list
@@ -789,7 +829,22 @@ class ClusterSimulator:
         ):
             # Only fresh processes are queued and none is aged: the pass walks them in the queue's
             # order, and only those that do not start enter the queues.
-            self._refresh_free(grew_needed=False)
+            if self._stale or self._all_stale:
+                self._refresh_free(grew_needed=False)
+            if len(fresh) == 1:
+                # The usual case below saturation: one process released and placed at once.
+                i = fresh.pop()
+                free = self._free
+                cpu = self._p_cpu_list[i]
+                # The most free CPU bounds what can start; best fit checks the memory itself.
+                if cpu <= free.keys[-1] + _TOL:
+                    j = free.best_fit(cpu, self._p_memory_list[i])
+                    if j >= 0:
+                        self._start_on(i, j)
+                        return
+                for queue in self._queues.values():
+                    queue.add(i)
+                return
             self._place_fresh(fresh)
             fresh.clear()
             return
@@ -942,32 +997,38 @@ class ClusterSimulator:
         """Start process ``i`` (queued, out of the queues) on machine ``j``."""
         cpu = self._p_cpu_list[i]
         memory = self._p_memory_list[i]
-        free = self._free
         now = self._time
+        rate = self._rate[j]
+        virtual = self._virtual[j]
         elapsed = now - self._virtual_at[j]
         if elapsed > 0:
-            self._virtual[j] += self._rate[j] * elapsed
+            virtual += rate * elapsed
+            self._virtual[j] = virtual
         self._virtual_at[j] = now
-        target = self._virtual[j] + self._p_duration_list[i]
+        target = virtual + self._p_duration_list[i]
         heapq.heappush(self._running[j], (target, i))
         self._state[i] = _RUNNING
         self._machine_of[i] = j
-        self._start[i] = self._time
+        self._start[i] = now
         self._target[i] = target
         requested = self._requested[j] + cpu
         self._requested[j] = requested
         self._requested_array[j] = requested
-        self._use[j] = requested * self._rate[j]
+        self._use[j] = requested * rate
         self._use_rate_stale = True
         memory_used = self._memory_used[j] + memory
         self._memory_used[j] = memory_used
         self._memory_used_array[j] = memory_used
+        # Within the pass the index takes the request off the free resources; the next pass
+        # recomputes them from the budget (stale).
+        free = self._free
         free.set(j, free.cpu[j] - cpu, free.memory[j] - memory)
         self._stale.add(j)
         self._memory_stale.add(j)
-        self._n_queued -= 1
+        queued = self._n_queued - 1
+        self._n_queued = queued
         self._n_running += 1
-        self._queued_cpu = self._queued_cpu - cpu if self._n_queued else 0.0
+        self._queued_cpu = self._queued_cpu - cpu if queued else 0.0
         self._changed.add(j)
         self._touched.add(j)
 
@@ -1052,7 +1113,7 @@ class ClusterSimulator:
                     virtual[j] += rate_j * elapsed
                 virtual_at[j] = now
                 finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
-                heapq.heappush(heap, (finish, _COMPLETION, self._sequence, (j, version_j)))
+                heapq.heappush(heap, (finish, _COMPLETION, self._sequence, j, version_j))
                 self._sequence += 1
         changed.clear()
         touched.clear()
@@ -1113,8 +1174,10 @@ class ClusterSimulator:
             if elapsed > 0:
                 virtual[j] += rate_j * elapsed
             virtual_at[j] = now
-            finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
-            heapq.heappush(self._heap, (finish, _COMPLETION, self._sequence, (j, version_j)))
+            left = top - virtual[j]
+            if left < 0.0:  # max(left, 0.0)
+                left = 0.0
+            heapq.heappush(self._heap, (now + left / rate_j, _COMPLETION, self._sequence, j, version_j))
             self._sequence += 1
 
     def _integrate(self, time: float) -> None:
@@ -1134,7 +1197,7 @@ class ClusterSimulator:
             self._batch_used += self._batch_use_rate * elapsed
         counted = time - max(self._time, self._config.warmup)
         if counted > 0:
-            self._shortfall += self._shortfall_rate * counted
+            self._shortfall_steps.append(counted)
             self._unfinished += (self._n_queued + self._n_running) * counted
 
     def _flush_use(self) -> float:
