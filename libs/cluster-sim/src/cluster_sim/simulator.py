@@ -19,6 +19,7 @@ from cluster_sim.models import (
     QueueRow,
     SimulationObservation,
     SimulationReport,
+    new_observation,
 )
 from cluster_sim.processes import ProcessFlow
 
@@ -249,6 +250,7 @@ class ClusterSimulator:
         self._release_process = tables.release_process
         self._release_time = tables.release_time
         self._next_release = 0
+        self._n_processes = n
 
         # Per process, as Python lists (an element costs less to write than a numpy scalar; the
         # reports gather them into arrays).
@@ -279,8 +281,8 @@ class ClusterSimulator:
         # Batch CPU in use, summed over machines as numpy sums them, once per batch of states: each
         # state's per-machine values are a row, and each integration step notes its row and length.
         self._use_rows = np.zeros((_USE_ROWS, m_count))
-        self._use_row_count = 0
-        self._use_steps: list[tuple[int, float]] = []
+        self._use_steps: list[float] = []  # the seconds of each integration step since the last sum
+        self._use_row_first: list[int] = []  # per row in use, the index of its first step in _use_steps
         self._version = [0] * m_count
         self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
@@ -398,7 +400,10 @@ class ClusterSimulator:
         complete = self._complete
         version = self._version
         changed = self._changed
+        touched = self._touched
+        update_rate = self._update_rate
         use_steps = self._use_steps
+        use_row_first = self._use_row_first
         # A row of batch CPU in use is copied through memoryviews (cheaper than numpy's item assignment).
         m_count = len(self._use)
         use_now = memoryview(self._use)
@@ -423,17 +428,17 @@ class ClusterSimulator:
             elapsed = now - previous
             if elapsed > 0:
                 if self._use_rate_stale:
-                    row = self._use_row_count
+                    row = len(use_row_first)
                     if row == _USE_ROWS:
                         self._flush_use()
                         row = 0
                     start = row * m_count
                     use_rows[start : start + m_count] = use_now
-                    self._use_row_count = row + 1
+                    use_row_first.append(len(use_steps))
+                    use_steps.append(elapsed)
                     self._use_rate_stale = False
-                    use_steps.append((row, elapsed))
-                elif self._use_row_count:
-                    use_steps.append((self._use_row_count - 1, elapsed))
+                elif use_row_first:
+                    use_steps.append(elapsed)
                 else:
                     self._batch_used += self._batch_use_rate * elapsed
                 counted = now - (previous if previous > warmup else warmup)
@@ -483,7 +488,19 @@ class ClusterSimulator:
                     self._schedule()
                 else:
                     self._dirty = False  # nothing to place (and so nothing fresh)
-            if changed or self._all_changed:
+            if changed:
+                if len(changed) == 1 and not self._all_changed:
+                    # The common case: a process started or finished on one machine (the machines whose
+                    # running processes changed are among those changed, so at most this one).
+                    j = changed.pop()
+                    if touched:
+                        touched.clear()
+                        update_rate(j, True)
+                    else:
+                        update_rate(j, False)
+                else:
+                    self._update_rates()
+            elif self._all_changed:
                 self._update_rates()
             if on_event is not None:
                 on_event(self.observe(queue_rows=0))
@@ -508,20 +525,21 @@ class ClusterSimulator:
                 )
                 for i in self._queues[self._order].processes(queue_rows)
             )
-        return SimulationObservation(
-            time=self._time,
-            demand=self._demand.copy(),
-            online_quota=self._quota.copy(),
-            batch_budget=self._budget_array.copy(),
-            batch_cpu_requested=self._requested_array.copy(),
-            batch_cpu_in_use=self._requested_array * self._rate_array,
-            batch_memory_in_use=self._memory_used_array.copy(),
-            queued=self._n_queued,
-            running=self._n_running,
-            finished=self._n_finished,
-            unreleased=len(self._flow.processes) - self._n_released,
-            queued_cpu=max(self._queued_cpu, 0.0),
-            queue=rows,
+        queued_cpu = self._queued_cpu
+        return new_observation(
+            self._time,
+            self._demand.copy(),
+            self._quota.copy(),
+            self._budget_array.copy(),
+            self._requested_array.copy(),
+            self._use.copy(),  # requested × rate per machine, the batch CPU in use
+            self._memory_used_array.copy(),
+            self._n_queued,
+            self._n_running,
+            self._n_finished,
+            self._n_processes - self._n_released,
+            0.0 if queued_cpu < 0.0 else queued_cpu,  # max(queued_cpu, 0.0)
+            rows,
         )
 
     def status(self, name: str) -> ProcessStatus:
@@ -1038,11 +1056,11 @@ class ClusterSimulator:
         all_changed = self._all_changed
         if not changed and not all_changed:
             return
-        if len(changed) == 1 and not all_changed and self._touched <= changed:
-            # The common case, one machine (a process started or finished there), without the sets.
-            (j,) = changed
+        if len(changed) == 1 and not all_changed:
+            # One machine (a process started or finished there), without the sets; the machines whose
+            # running processes changed are among those changed.
+            j = changed.pop()
             touched = bool(self._touched)
-            changed.clear()
             self._touched.clear()
             self._update_rate(j, touched)
             return
@@ -1186,13 +1204,13 @@ class ClusterSimulator:
         if elapsed <= 0:
             return
         if self._use_rate_stale:
-            if self._use_row_count == _USE_ROWS:
+            if len(self._use_row_first) == _USE_ROWS:
                 self._flush_use()
-            self._use_rows[self._use_row_count] = self._use
-            self._use_row_count += 1
+            self._use_rows[len(self._use_row_first)] = self._use
+            self._use_row_first.append(len(self._use_steps))
             self._use_rate_stale = False
-        if self._use_row_count:
-            self._use_steps.append((self._use_row_count - 1, elapsed))
+        if self._use_row_first:
+            self._use_steps.append(elapsed)
         else:
             self._batch_used += self._batch_use_rate * elapsed
         counted = time - max(self._time, self._config.warmup)
@@ -1202,17 +1220,21 @@ class ClusterSimulator:
 
     def _flush_use(self) -> float:
         """Add the pending integration steps to the batch CPU used, in time order; returns the total."""
-        count = self._use_row_count
-        if count:
+        first = self._use_row_first
+        if first:
             # A row-wise reduction sums each row exactly as ``ndarray.sum`` sums it alone.
-            sums = _add_reduce(self._use_rows[:count], axis=1).tolist()
+            sums = _add_reduce(self._use_rows[: len(first)], axis=1).tolist()
+            steps = self._use_steps
+            ends = first[1:]
+            ends.append(len(steps))
             used = self._batch_used
-            for row, elapsed in self._use_steps:
-                used += sums[row] * elapsed
+            for rate, start, end in zip(sums, first, ends, strict=True):
+                for elapsed in steps[start:end]:
+                    used += rate * elapsed
             self._batch_used = used
             self._batch_use_rate = sums[-1]
-            self._use_row_count = 0
-            self._use_steps.clear()
+            first.clear()
+            steps.clear()
         return self._batch_used
 
     def _work_done(self, indices: np.ndarray) -> np.ndarray:
