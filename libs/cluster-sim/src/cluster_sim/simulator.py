@@ -136,8 +136,7 @@ class _FlowTables:
     fifo_release: list[float]  # release times in FIFO order
     release_process: list[int]  # processes in FIFO order: the order equal release times are handled in
     release_time: list[float]  # fifo_release and a final infinity
-    demand_samples: np.ndarray  # (samples, machines) cores; a row serves as the current demand
-    demand_rows: np.ndarray  # zero demand (before the first sample), then demand_samples
+    demand_rows: np.ndarray  # (1 + samples, machines) cores: zero (before the first sample), then each sample
     demand_time: list[float]  # sample times and a final infinity
 
     @classmethod
@@ -172,7 +171,7 @@ class _FlowTables:
         }
         demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), len(machines))
         demand_rows = np.concatenate([np.zeros((1, len(machines))), demand_samples])
-        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_samples, demand_rows):
+        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_rows):
             array.flags.writeable = False
         fifo_release = p_release[fifo].tolist()
         return cls(
@@ -191,7 +190,6 @@ class _FlowTables:
             fifo_release=fifo_release,
             release_process=fifo.tolist(),
             release_time=[*fifo_release, math.inf],
-            demand_samples=demand_samples,
             demand_rows=demand_rows,
             demand_time=[*(s.time for s in flow.demand), math.inf],
         )
@@ -260,11 +258,9 @@ class ClusterSimulator:
         self._finish = [math.nan] * n
         self._target = [0.0] * n  # the machine's virtual clock value at which the process is done
 
-        self._demand_samples = tables.demand_samples
         self._demand_rows = tables.demand_rows
         self._demand_time = tables.demand_time
-        self._next_demand = 0
-        self._demand = np.zeros(m_count)  # cores
+        self._next_demand = 0  # the demand in effect is _demand_rows[_next_demand], cores
         self._quota = np.zeros(m_count)  # cores
         self._budget_array = self._cpu.copy()  # cores batch processes may use, kept with quota and demand
         self._budget_list: list[float] = self._budget_array.tolist()
@@ -458,9 +454,8 @@ class ClusterSimulator:
                 else:
                     self._apply(entry[3])
             if demand_at == now:
-                self._set_demand(next_demand)
                 next_demand += 1
-                self._next_demand = next_demand
+                self._set_demand(next_demand)
                 demand_at = demand_time[next_demand]
             if release_at == now:
                 # Releases, in FIFO order: each process enters the queues in the placement pass
@@ -528,7 +523,7 @@ class ClusterSimulator:
         queued_cpu = self._queued_cpu
         return new_observation(
             self._time,
-            self._demand.copy(),
+            self._demand_rows[self._next_demand].copy(),
             self._quota.copy(),
             self._budget_array.copy(),
             self._requested_array.copy(),
@@ -628,10 +623,10 @@ class ClusterSimulator:
         heapq.heappush(self._heap, (time, priority, self._sequence, allocation))
         self._sequence += 1
 
-    def _set_demand(self, k: int) -> None:
+    def _set_demand(self, row: int) -> None:
+        """Demand sample ``row - 1`` takes effect (``_demand_rows[row]``)."""
         self._events += 1
-        demand = self._demand_samples[k]
-        self._demand = demand
+        self._next_demand = row
         if self._config.borrowing:
             # Only the machines whose budget changed need new rates and free resources.
             old = self._budget_array
@@ -644,7 +639,7 @@ class ClusterSimulator:
                 self._changed.update(moved)
                 self._stale.update(moved)
             self._dirty = True
-        self._new_shortfall_segment(k + 1, self._quota)
+        self._new_shortfall_segment(row, self._quota)
 
     def _apply(self, allocation: Allocation) -> None:
         self._events += 1
@@ -761,7 +756,7 @@ class ClusterSimulator:
     def _set_budget(self) -> None:
         """Recompute the batch budget per machine; called wherever the quota or (when borrowing) demand changes."""
         if self._config.borrowing:
-            budget = self._cpu - np.minimum(self._quota, self._demand)
+            budget = self._cpu - np.minimum(self._quota, self._demand_rows[self._next_demand])
         else:
             budget = self._cpu - self._quota
         self._budget_array = budget
