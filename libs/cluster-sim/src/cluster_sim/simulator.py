@@ -628,16 +628,11 @@ class ClusterSimulator:
         self._events += 1
         self._next_demand = row
         if self._config.borrowing:
-            # Only the machines whose budget changed need new rates and free resources.
-            old = self._budget_array
+            # The budget of most machines changes with their demand: all are recomputed in bulk (on a
+            # machine whose budget did not change, rate and free resources come out as they were).
             self._set_budget()
-            moved = (self._budget_array != old).nonzero()[0].tolist()
-            if len(moved) == len(self._every):
-                self._all_changed = True
-                self._all_stale = True
-            else:
-                self._changed.update(moved)
-                self._stale.update(moved)
+            self._all_changed = True
+            self._all_stale = True
             self._dirty = True
         self._new_shortfall_segment(row, self._quota)
 
