@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -199,3 +200,24 @@ def test_an_unsplit_task_that_ran_to_its_end_learns_its_seconds_as_one_unit(
     assert [o.per_worker_gb for o in observations] == [8.0, 8.0]  # the memory rule reads what it read before
     learner.record_all(observations)
     assert learner.estimate(KEY, 1, 1, 1).seconds == 2.5
+
+
+def test_a_key_s_observations_kept_in_memory_follow_every_write_of_any_connection(tmp_path: Path) -> None:
+    """Reads are served from memory while the database is unchanged; a write through this store, through
+    another store on the same file or by another program is seen by the next read."""
+    path = StoreLayout(tmp_path).observations
+    with ResourceLearner(path) as learner, ResourceLearner(path) as other:
+        first = learner.record(Observation(KEY, 1.0, succeeded=True, run_id="r1"))
+        assert learner.observations(KEY) == [first]
+        assert learner.observations(KEY) == [first]  # from memory
+        second = other.record(Observation(KEY, 2.0, succeeded=True, run_id="r2"))
+        assert learner.observations(KEY) == [first, second]
+        with sqlite3.connect(path) as connection:  # another program
+            connection.execute("UPDATE observations SET per_worker_gb = 9.0 WHERE run_id = 'r1'")
+        assert [o.per_worker_gb for o in learner.observations(KEY)] == [9.0, 2.0]
+        assert learner.resolve(KEY, HINT).per_worker_gb >= 9.0
+        other.forget(KEY)
+        assert learner.observations(KEY) == []
+        returned = learner.observations(KEY)
+        returned.append(first)  # a caller changing its list changes nothing kept
+        assert learner.observations(KEY) == []

@@ -60,6 +60,8 @@ class FakeExecutor:
         self._logs: dict[tuple[str, str, str], list[str]] = {}
         self._seq = 0
         self.calls: dict[str, int] = {}
+        self.forgotten: dict[str, PodStatus] = {}
+        """The last status of each pod dropped by `forget`, by pod id, for tests to look at after a run ended."""
         self.events_lost = False  # as a broken watch: pods change and nobody is told
 
     # --- the port --------------------------------------------------------------------------------------------
@@ -128,6 +130,16 @@ class FakeExecutor:
                 del self._reservations[node]
             self._admit()
 
+    def forget(self, run_id: str) -> None:
+        """Drops a run's pods if they have all stopped (a pod that has not is kept, as the adapters keep it)."""
+        self._count("forget")
+        with self._lock:
+            pod_ids = self._by_run.get(run_id, [])
+            if all(self._pods[p].status.phase.final for p in pod_ids):
+                for pod_id in self._by_run.pop(run_id, []):
+                    self.forgotten[pod_id] = self._pods.pop(pod_id).status
+                self._runs.pop(run_id, None)
+
     def restore(self, recovery: RunRecovery) -> None:
         if recovery.reservation:
             self.reserve(recovery.reservation, recovery.run_id)
@@ -147,8 +159,10 @@ class FakeExecutor:
     # --- what the test scripts -------------------------------------------------------------------------------
 
     def status(self, run_id: str, task_id: str, worker: str = COORDINATOR) -> PodStatus:
+        """A pod's status, also after its run was forgotten."""
+        pod_id = f"{run_id}.{task_id}.{worker}"
         with self._lock:
-            return _copy(self._pods[f"{run_id}.{task_id}.{worker}"].status)
+            return _copy(self._pods[pod_id].status if pod_id in self._pods else self.forgotten[pod_id])
 
     def exit(self, run_id: str, task_id: str, worker: str = COORDINATOR, code: int = 0) -> None:
         """The pod's process exits with `code`: 0 succeeds, 143 is requeued, anything else fails it."""

@@ -92,15 +92,24 @@ class ScriptedCluster:
         for wf in self.api.cluster.items("workflows"):
             run_id = wf["metadata"]["labels"]["simrun.io/run"]
             mine = [p for p in pods if p["metadata"]["labels"].get("simrun.io/run") == run_id]
+            if (wf.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Error"):
+                continue
             if wf["spec"].get("shutdown"):
+                live = False
                 for pod in mine:
                     phase = pod["status"].get("phase")
                     if phase == "Running":
                         self.argo.exit(pod["metadata"]["name"], 143)
+                        live = True
                     elif phase == "Pending":
                         self.api.cluster.delete("pods", self.namespace, pod["metadata"]["name"])
+                if not live:  # as Argo ends a stopped Workflow once its pods have ended
+                    self._end_workflow(wf, "Failed", "Stopped with strategy 'Terminate'")
                 continue
             templates = {t["name"]: t for t in wf["spec"]["templates"]}
+            if all((run_id, task["template"]) in self._succeeded for task in templates["run"]["dag"]["tasks"]):
+                self._end_workflow(wf, "Succeeded", "")
+                continue
             for task in templates["run"]["dag"]["tasks"]:
                 needs = [w.strip() for w in task.get("depends", "").split("&&") if w.strip()]
                 if any((run_id, need) not in self._succeeded for need in needs):
@@ -117,6 +126,12 @@ class ScriptedCluster:
                         mine,
                         int(templates[task["template"]]["retryStrategy"]["limit"]),
                     )
+
+    def _end_workflow(self, wf: Obj, phase: str, message: str) -> None:
+        def end(obj: Obj) -> None:
+            obj.setdefault("status", {}).update({"phase": phase, "message": message})
+
+        self.api.cluster.modify("workflows", self.namespace, wf["metadata"]["name"], end)
 
     def _attempt(self, run_id: str, template: str, worker: str, pods: list[Obj], limit: int) -> None:
         """Argo's node of one worker: a first pod, or the next attempt after an exit its retry strategy retries."""

@@ -190,6 +190,7 @@ def test_a_split_task_succeeds_once_its_coordinator_succeeded_and_its_merge_mark
     assert (record.state, record.tasks["scan"].state) == (RunState.SUCCEEDED, TaskState.SUCCEEDED)
     assert world.learner.recorded == [("r1", "scan", True)]
     assert record.tasks["scan"].attempts == {"w0": 1}
+    assert world.executor.calls.get("forget") == 1 and world.executor.pods("r1") == []
 
 
 def test_a_coordinator_without_a_merge_marker_fails_its_task_after_the_wait(make_world) -> None:
@@ -382,6 +383,7 @@ def test_a_cancel_request_is_carried_out_by_the_driver(make_world) -> None:
         TaskState.CANCELLED,
     )
     assert world.executor.status("r1", "fit").message == "stopped"
+    assert world.executor.pods("r1") == [], "the executor was told to forget the ended run"
 
 
 def test_a_run_ending_releases_its_reservation(make_world) -> None:

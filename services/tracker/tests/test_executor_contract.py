@@ -288,6 +288,23 @@ def test_stopping_a_run_fails_its_pods_and_no_other(harness: Harness) -> None:
     eventually(phase(executor, other, PodPhase.SUCCEEDED))
 
 
+def test_a_forgotten_run_is_dropped_once_its_pods_have_stopped_and_its_logs_stay(harness: Harness) -> None:
+    executor = harness.executor
+    mine, other = spec("r1", "t"), spec("r2", "t")
+    executor.start_pods([mine, other])
+    eventually(phase(executor, mine, PodPhase.RUNNING))
+    eventually(phase(executor, other, PodPhase.RUNNING))
+    executor.stop_pods("r1")
+    executor.forget("r1")  # the tracker ends the run at once; its pod may still be stopping
+    eventually(lambda: executor.pods("r1") == [])
+    assert observed(executor, other).phase is PodPhase.RUNNING
+    harness.exit(other, 0)
+    eventually(phase(executor, other, PodPhase.SUCCEEDED))
+    executor.forget("never-seen")  # a run the adapter does not know is no error
+    executor.forget("r2")
+    eventually(lambda: executor.pods("r2") == [])
+
+
 def test_a_reserved_node_takes_only_its_run_s_pods(harness: Harness) -> None:
     executor = harness.executor
     executor.reserve("n2", "r1")

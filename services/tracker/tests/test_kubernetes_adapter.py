@@ -506,3 +506,42 @@ def test_a_run_recorded_queued_whose_workflow_was_never_created_is_submitted_aft
     bare.restore(RunRecovery(other.run_id, None, []))
     statuses = bare.pods(other.run_id)
     assert statuses and all(s.phase is PodPhase.FAILED and "default_image" in s.message for s in statuses)
+
+
+def test_a_forgotten_run_is_kept_until_its_workflow_ended_and_its_pods_logs_are_archived(make, api, store) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    name = argo.create_pod(RUN, "plot-w0", "w0")
+    argo.admit(name, "node-a")
+    wait_for(executor, lambda p: p["plot/w0"].phase is PodPhase.RUNNING)
+    executor.stop_pods(RUN)
+    executor.forget(RUN)  # the tracker has ended the run; its pod is still stopping
+    time.sleep(0.3)
+    assert executor.pods(RUN), "a run whose pod still runs is forgotten only once it has stopped"
+    argo.exit(name, 143, log=b"stopping\n")
+    archive = store.run(RUN).task("plot").logs / "w0.1.log"
+    deadline = time.monotonic() + 5
+    while not archive.exists():
+        assert time.monotonic() < deadline, "the log of a forgotten run's last pod was not archived"
+        time.sleep(0.02)
+    assert archive.read_text() == "stopping\n"
+    time.sleep(0.3)
+    assert executor.pods(RUN), "kept while its Workflow has not ended"
+
+    def end(obj: dict) -> None:
+        obj.setdefault("status", {})["phase"] = "Failed"
+
+    api.cluster.modify("workflows", NS, f"simrun-{RUN}", end)
+    deadline = time.monotonic() + 5
+    while executor.pods(RUN):
+        assert time.monotonic() < deadline, "the forgotten run was never dropped"
+        time.sleep(0.02)
+    assert list(executor.logs(RUN, "plot", "w0", follow=False)) == [("w0.1.log", "stopping\n")]
+    api.cluster.delete("pods", NS, name)
+    api.cluster.delete("workflows", NS, f"simrun-{RUN}")
+    deadline = time.monotonic() + 5
+    while RUN in executor._pods or RUN in executor._workflows:
+        assert time.monotonic() < deadline, "the informers' caches kept a collected run"
+        time.sleep(0.02)

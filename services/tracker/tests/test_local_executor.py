@@ -540,3 +540,29 @@ def test_a_restored_pod_keeps_its_memory_kills_attempts_and_reservation(make_exe
     assert "attempt 4 of pod r1.again.w0" in pods.log(again).read_text()
     pods.go("again")
     wait_for(phase_is(executor, again, PodPhase.SUCCEEDED))
+
+
+def test_a_forgotten_run_s_stopping_pod_stays_supervised_until_it_is_killed_then_is_dropped(
+    make_executor, pods: Pods
+) -> None:
+    executor = make_executor()
+    stubborn_command = [
+        sys.executable,
+        "-c",
+        "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write('x\\n')\ntime.sleep(60)",
+        str(pods.box / "stubborn.starts"),
+    ]
+    stubborn = pods.spec("stubborn", grace_s=0.5, command=stubborn_command)
+    executor.start_pods([stubborn])
+    wait_for(started(executor, pods, stubborn))
+    executor.stop_pods("r1")
+    executor.forget("r1")
+    time.sleep(0.2)
+    assert status(executor, stubborn).phase is PodPhase.RUNNING, "a pod still stopping is not dropped"
+    wait_for(lambda: executor.pods("r1") == [])
+    assert not executor._pods and not executor._by_run and not executor._forgotten
+    # The next run finds the node free: the dropped pod's process is gone, not merely forgotten.
+    after = pods.spec("after", run="r2")
+    executor.start_pods([after])
+    wait_for(started(executor, pods, after))

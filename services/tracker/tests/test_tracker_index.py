@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from simrun_runtime.layout import StoreLayout
-from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord
+from simrun_runtime.record import Identity, OomKill, RunRecord, RunState, TaskRecord
 from simrun_tracker.index import RunIndex, row_from_record
+from simrun_tracker.runstore import RunStore
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 ALICE = Identity(name="alice", kind="owner", priority="owner")
@@ -209,7 +210,7 @@ def test_a_row_the_database_refuses_is_left_out_and_the_others_are_written(
 ) -> None:
     good = [save(store, f"r{i}", ALICE, i) for i in range(3)]
     bad = row_from_record(save(store, "bad", ALICE, 9), {})
-    bad.workflow = None  # type: ignore[assignment]  # NOT NULL in the table: as a row the database refuses
+    bad["workflow"] = None  # NOT NULL in the table: as a row the database refuses
     with index._lock:  # the writer waits: the bad row is in the same batch as the good ones
         for record in good[:2]:
             index.put(row_from_record(record, {}))
@@ -219,3 +220,35 @@ def test_a_row_the_database_refuses_is_left_out_and_the_others_are_written(
     assert "run bad left out of the index" in caplog.text
     index.put(row_from_record(save(store, "r3", ALICE, 3), {}))
     assert ids(index.rows())[0] == "r3"  # nothing of the bad row stays queued in the way
+
+
+def test_the_run_store_hands_out_copies_that_share_nothing_with_what_it_keeps(tmp_path: Path) -> None:
+    runs = RunStore(StoreLayout(tmp_path / "store"), tmp_path / "index.sqlite")
+    record = RunRecord(
+        run_id="r1",
+        workflow={"name": "wf", "tasks": {"scan": {"type": "m:Scan", "settings": {"grid": [1, 2, {"x": None}]}}}},
+        identity=BOB_AGENT,
+        state=RunState.RUNNING,
+        tasks={
+            "scan": TaskRecord(
+                task_id="scan", type="m:Scan", plan={"pods": [{"workers": 2}]}, attempts={"w0": 1}, inputs={}
+            )
+        },
+        oom_kills=[OomKill(task_id="scan", worker="w1", memory_gb=1.0, per_worker_gb=0.5)],
+        created_at=T0,
+    )
+    created = runs.create(record, lambda staging: None)
+    try:
+        assert created == record and created is not record
+        copy = runs.get("r1")
+        assert copy == record
+        copy.workflow["tasks"]["scan"]["settings"]["grid"][2]["x"] = "changed"
+        assert copy.tasks["scan"].plan is not None
+        copy.tasks["scan"].plan["pods"][0]["workers"] = 9
+        copy.tasks["scan"].attempts["w0"] = 5
+        copy.oom_kills[0].memory_gb = 7.0
+        copy.identity.name = "mallory"
+        again = runs.get("r1")
+        assert again == record, "a change to a copy reached the record the store keeps"
+    finally:
+        runs.index.close()

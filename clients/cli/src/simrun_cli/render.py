@@ -350,6 +350,7 @@ class RunProgress:
         counted = f" {done}/{units} units" if units is not None else ""
         self._out.print(f"{now} {task_id} {state}{counted}", soft_wrap=True)
 
+
 _ENVIRONMENT_STATES = {
     common_pb2.ENVIRONMENT_STATE_BUILDING: "building",
     common_pb2.ENVIRONMENT_STATE_READY: "ready",

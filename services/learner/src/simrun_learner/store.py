@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
+from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,9 @@ from sqlalchemy import Index, Row
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from simrun_learner.rules import Observation, ObservationKey
+
+CACHED_KEYS = 1024
+"""How many keys' observations the store keeps in memory (the least recently read go first)."""
 
 
 class ObservationRow(SQLModel, table=True):
@@ -42,6 +48,12 @@ class ObservationStore:
         # NFS, where SQLite's WAL does not work, so the default rollback journal stays with a busy timeout.
         self._engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": 30})
         SQLModel.metadata.create_all(self._engine, tables=[SQLModel.metadata.tables[ObservationRow.__tablename__]])
+        # Every submission reads its keys' observations, which change only when a task ends: they are kept here,
+        # valid while SQLite's data_version of one watching connection is unchanged (it changes with every commit
+        # of any other connection, this process's or another's).
+        self._watch = sqlite3.connect(path, check_same_thread=False, timeout=30)
+        self._watch_lock = threading.Lock()
+        self._cache: OrderedDict[ObservationKey, tuple[int, tuple[Observation, ...]]] = OrderedDict()
 
     def add(self, observation: Observation) -> Observation:
         """Stores an observation; returns it with its id and time (now, unless it has one)."""
@@ -66,12 +78,25 @@ class ObservationStore:
 
     def of_key(self, key: ObservationKey) -> list[Observation]:
         """Every observation of a key, oldest first (by time, then by the order they were stored)."""
+        with self._watch_lock:
+            version = self._watch.execute("PRAGMA data_version").fetchone()[0]
+            cached = self._cache.get(key)
+            if cached is not None and cached[0] == version:
+                self._cache.move_to_end(key)
+                return list(cached[1])
+        observations = self._read_key(key)
+        with self._watch_lock:
+            self._cache[key] = (version, tuple(observations))
+            self._cache.move_to_end(key)
+            while len(self._cache) > CACHED_KEYS:
+                self._cache.popitem(last=False)
+        return observations
+
+    def _read_key(self, key: ObservationKey) -> list[Observation]:
         table = SQLModel.metadata.tables[ObservationRow.__tablename__]
         query = (
             table.select()
-            .where(
-                table.c.task_type == key.task_type, table.c.model == key.model, table.c.cost_value == key.cost_value
-            )
+            .where(table.c.task_type == key.task_type, table.c.model == key.model, table.c.cost_value == key.cost_value)
             .order_by(table.c.observed_at, table.c.id)
         )
         # Plain rows, not ORM objects: every submission reads every observation of its tasks' keys.
@@ -98,6 +123,8 @@ class ObservationStore:
     def close(self) -> None:
         """Closes the connections of the store."""
         self._engine.dispose()
+        with self._watch_lock:
+            self._watch.close()
 
 
 def _observation(row: ObservationRow | Row[Any]) -> Observation:

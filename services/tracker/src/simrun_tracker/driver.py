@@ -253,7 +253,7 @@ class Driver:
 
     def _advance(self, record: RunRecord) -> float | None:
         """Moves a run one step toward its goal; returns when to look again without an event (None: on events)."""
-        before = record.model_dump(mode="json", exclude={"updated_at"})
+        before = record.model_dump(exclude={"updated_at"})
         if record.cancel_requested:
             self.executor.stop_pods(record.run_id)
             self._finish(record, RunState.CANCELLED, record.message or "cancelled")
@@ -512,7 +512,11 @@ class Driver:
         for key in [k for k in self._merge_seen if k[0] == record.run_id]:
             del self._merge_seen[key]
         self.runs.save(record)
+        try:
+            self.executor.forget(record.run_id)
+        except Exception:
+            log.exception("the executor could not forget ended run %s", record.run_id)
 
     def _save_if_changed(self, record: RunRecord, before: dict[str, object]) -> None:
-        if record.model_dump(mode="json", exclude={"updated_at"}) != before:
+        if record.model_dump(exclude={"updated_at"}) != before:
             self.runs.save(record)

@@ -268,6 +268,12 @@ class Executor(Protocol):
         until the task's pods are final. Logs of ended pods are archived in `tasks/<task>/logs/` of the store."""
         ...
 
+    def forget(self, run_id: str) -> None:
+        """The run has ended and the tracker asks no more of its pods: the adapter drops what it keeps of them
+        once they have stopped, so a long-lived tracker's memory follows its active runs, not its history. The
+        logs of the run's ended pods stay readable (`logs`) from their archive in the store."""
+        ...
+
     def close(self) -> None:
         """Releases the executor's own resources (threads, connections); what it does to running pods is its own."""
         ...

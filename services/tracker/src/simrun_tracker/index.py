@@ -58,10 +58,14 @@ class Visibility:
     agent: str | None = None
 
 
-def row_from_record(record: RunRecord, summary: dict[str, object]) -> RunRow:
+IndexRow = dict[str, Any]
+"""A run's row as its column values: what `put` queues and the writer inserts (no ORM object is made per save)."""
+
+
+def row_from_record(record: RunRecord, summary: dict[str, object]) -> IndexRow:
     identity = record.identity
     is_agent = identity.kind == "agent"
-    return RunRow(
+    return dict(
         run_id=record.run_id,
         owner=(identity.on_behalf_of or identity.name) if is_agent else identity.name,
         agent=identity.name if is_agent else None,
@@ -127,7 +131,7 @@ class RunIndex:
         # One transaction at a time from this process: SQLite's own locking makes a blocked writer sleep and retry
         # (1 ms, then 2, 5, 10... up to 100 ms), which concurrent submissions turned into tail latency.
         self._lock = threading.Lock()
-        self._queued: dict[str, RunRow] = {}
+        self._queued: dict[str, IndexRow] = {}
         self._queue_changed = threading.Condition()
         self._closed = False
         self._engine: Engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False})
@@ -162,17 +166,17 @@ class RunIndex:
                 if run_dir.name.startswith(".") or not layout.record.is_file():
                     continue
                 records.append(RunRecord.load(layout))
-        with self._lock, Session(self._engine) as session:
-            session.exec(delete(RunRow))  # type: ignore[call-overload]
-            for record in records:
-                session.add(row_from_record(record, task_summaries(store, record)))
-            session.commit()
+        rows = [row_from_record(record, task_summaries(store, record)) for record in records]
+        with self._lock, self._engine.begin() as connection:
+            connection.execute(delete(RunRow))
+            if rows:
+                connection.execute(SQLModel.metadata.tables[RunRow.__tablename__].insert(), rows)
         return records
 
-    def put(self, row: RunRow) -> None:
+    def put(self, row: IndexRow) -> None:
         """Queues a run's row to be inserted or replaced (a later row of the same run replaces a queued one)."""
         with self._queue_changed:
-            self._queued[row.run_id] = row
+            self._queued[row["run_id"]] = row
             self._queue_changed.notify()
 
     def flush(self) -> None:
@@ -191,7 +195,7 @@ class RunIndex:
                     try:
                         self._write([row])
                     except (IntegrityError, DataError) as exc:
-                        log.error("run %s left out of the index: %s", row.run_id, str(exc).splitlines()[0])
+                        log.error("run %s left out of the index: %s", row["run_id"], str(exc).splitlines()[0])
                     except BaseException:
                         self._queue_again(rows[index:])
                         raise
@@ -199,15 +203,15 @@ class RunIndex:
                 self._queue_again(rows)  # the database's fault (a full disk, an I/O error): tried again later
                 raise
 
-    def _write(self, rows: list[RunRow]) -> None:
+    def _write(self, rows: list[IndexRow]) -> None:
         table = SQLModel.metadata.tables[RunRow.__tablename__]
         with self._engine.begin() as connection:
-            connection.execute(table.insert().prefix_with("OR REPLACE"), [row.model_dump() for row in rows])
+            connection.execute(table.insert().prefix_with("OR REPLACE"), rows)
 
-    def _queue_again(self, rows: list[RunRow]) -> None:
+    def _queue_again(self, rows: list[IndexRow]) -> None:
         """Queues rows again, behind any newer row of the same run."""
         with self._queue_changed:
-            self._queued = {**{row.run_id: row for row in rows}, **self._queued}
+            self._queued = {**{row["run_id"]: row for row in rows}, **self._queued}
 
     def _write_queued(self) -> None:
         while True:

@@ -98,6 +98,10 @@ class _Run:
     """Pods deleted from the API (Kueue's preemptions, Argo's pod GC) by name: (task prefix, worker) and their
     last state."""
     archived: set[str] = field(default_factory=set)
+    workflow_ended: bool = False
+    """The Workflow was seen in a final phase (it may since have been collected)."""
+    forgotten: bool = False
+    """The run has ended for the tracker: dropped once its Workflow has ended and its ended pods' logs are archived."""
 
 
 class KubernetesExecutor:
@@ -296,6 +300,23 @@ class KubernetesExecutor:
         for node in held:
             self._queue(f"release node {node} of run {run_id}", functools.partial(self._label_node, node, None))
 
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is not None:
+                run.forgotten = True
+                self._drop_if_done(run_id, run)
+
+    def _drop_if_done(self, run_id: str, run: _Run) -> None:
+        """Drops a forgotten run once nothing it needs is still to come: its Workflow has ended (or was never made)
+        and every ended pod of it has its log archived (archiving needs the run; a pod still stopping, too)."""
+        if not (run.workflow_ended or not run.submitted):
+            return
+        for name, obj in self._pods.get(run_id, {}).items():
+            if (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or name not in run.archived:
+                return
+        del self._runs[run_id]
+
     def restore(self, recovery: RunRecovery) -> None:
         """Re-applies a run's record after a restart and adopts its Workflow, rebuilt from the record and the API.
 
@@ -450,9 +471,16 @@ class KubernetesExecutor:
                     self._workflows.pop(run_id, None)
                 else:
                     self._workflows[run_id] = obj
+                run = self._runs.get(run_id)
+                if run is not None and (event == "DELETED" or (obj.get("status") or {}).get("phase") in FINAL_WORKFLOW):
+                    run.workflow_ended = True
             run = self._runs.get(run_id)
             if run is not None:
                 run.dirty = True
+                if run.forgotten:
+                    self._drop_if_done(run_id, run)
+            elif kind == "pods" and not self._pods.get(run_id):
+                self._pods.pop(run_id, None)  # the informer's last pod of a dropped run is gone
         if archive is not None:
             self._queue(
                 f"archive the log of pod {archive['metadata']['name']}", lambda: self._archive(archive), essential=False
@@ -629,8 +657,8 @@ class KubernetesExecutor:
 
     def _create(self, run_id: str) -> None:
         with self._lock:
-            run = self._runs[run_id]
-            if run.submitted or run.stopped:
+            run = self._runs.get(run_id)
+            if run is None or run.submitted or run.stopped:
                 return
             body = run.workflow
         ns = self.settings.namespace
@@ -657,14 +685,19 @@ class KubernetesExecutor:
             self._refuse(run_id, f"a workflow {name} that is not run {run_id}'s exists in the cluster")
             return
         with self._lock:
-            self._runs[run_id].submitted = True
+            run = self._runs.get(run_id)
+            if run is None:
+                return
+            run.submitted = True
             self._workflows.setdefault(run_id, existing)
-            self._runs[run_id].dirty = True
+            run.dirty = True
         self._notify(run_id)
 
     def _refuse(self, run_id: str, message: str) -> None:
         with self._lock:
-            run = self._runs[run_id]
+            run = self._runs.get(run_id)
+            if run is None:
+                return
             run.refused = message
             run.dirty = True
         log.error("run %s: %s", run_id, message)

@@ -155,6 +155,8 @@ class LocalExecutor:
         """Something admission depends on changed (a pod came, went or ended; a reservation); pending pods are
         considered again only then, so a long queue costs nothing while nothing changes."""
         self._closed = False
+        self._forgotten: set[str] = set()
+        """Ended runs the tracker asks no more about: dropped by the scheduler pass once their pods have stopped."""
         self._next_watchdog = 0.0
         self._thread = threading.Thread(target=self._loop, name=f"simrun-local-{self.executor_id}", daemon=True)
         self._thread.start()
@@ -213,7 +215,10 @@ class LocalExecutor:
                 self._pods[spec.pod_id] = _Pod(spec, status, priorities[spec.pod_id], self._next_seq())
                 self._pending[spec.pod_id] = self._pods[spec.pod_id]
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
-        self._poke()
+        # New pods wait for the next scheduler pass (at most `poll_s`) rather than waking it: under a burst of
+        # submissions, one pass admits them all, and the submitting thread does not hand the interpreter lock to
+        # the scheduler's thread once per pod.
+        self._admission_due = True
 
     def start_run(self, run: RunSpec) -> None:
         raise FailedPrecondition("the local executor starts a run's tasks one by one (start_pods), not a whole run")
@@ -291,6 +296,12 @@ class LocalExecutor:
                 del self._reservations[node]
         self._poke()
 
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            if run_id in self._by_run or any(key[0] == run_id for key in self._history):
+                self._forgotten.add(run_id)
+        self._wake.set()
+
     def close(self) -> None:
         """Stops this machine's pods with the executor (its own choice: processes cannot outlive their parent's
         supervision here); a restarted tracker starts them again from their ledgers."""
@@ -338,6 +349,8 @@ class LocalExecutor:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        if self._forgotten:
+            self._drop_forgotten()
         for pod in list(self._running.values()):
             if pod.process is None:
                 continue
@@ -353,6 +366,19 @@ class LocalExecutor:
         if not self._closed and self._admission_due:
             self._admission_due = False
             self._admit()
+
+    def _drop_forgotten(self) -> None:
+        """Drops the pods of forgotten runs whose pods have all stopped (a stopping pod is still supervised)."""
+        for run_id in list(self._forgotten):
+            pod_ids = self._by_run.get(run_id, [])
+            if any(self._pods[p].process is not None or not self._pods[p].status.phase.final for p in pod_ids):
+                continue
+            for pod_id in pod_ids:
+                del self._pods[pod_id]
+            self._by_run.pop(run_id, None)
+            for key in [k for k in self._history if k[0] == run_id]:
+                del self._history[key]
+            self._forgotten.discard(run_id)
 
     def _admit(self) -> None:
         slots = [
