@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
 from simrun_client.snapshots import upload_snapshot
-from simrun_core.config import NodeConfig, ServerConfig
+from simrun_core.config import Limits, NodeConfig, ServerConfig
 from simrun_core.rpc.channel import open_channel
 from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_core.telemetry import Telemetry
@@ -66,6 +66,8 @@ class Mode:
             address="127.0.0.1:0",
             tokens_file=tokens,
             nodes=[NodeConfig(name="node-a", cores=2, memory_gb=8)],
+            # Every SubmitRun timed records a run that nothing drives to its end: past the default bound of 50.
+            limits=Limits(active_runs_per_identity=1_000_000),
         )
         self.telemetry = (server_telemetry, client_telemetry)
         self.server: EmbeddedServer = start_embedded(config, drive_runs=False, telemetry=server_telemetry)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from e2e_support import TOKENS, expected_total, wait_final, write_workflow
 from simrun.v1 import common_pb2
 from simrun_cli.main import cli
-from simrun_core.errors import NotFound
+from simrun_core.errors import FailedPrecondition, NotFound
 from simrun_learner.rules import ObservationKey
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.ledger import Ledger
@@ -67,6 +67,7 @@ def test_a_downstream_change_computes_no_unit_upstream_and_matches_a_fresh_run(s
     assert values.state == common_pb2.TASK_STATE_SUCCEEDED
     assert values.reused_from.run_id == first.run_id and values.reused_from.task_id == "values"
     assert values.message == f"reused from run {first.run_id} task values"
+    assert values.units_done == values.units == 6  # every unit done (in the run it came from)
     assert values.key == task(first, "values").key and task(final, "total").key != task(first, "total").key
     assert units_computed(store, second.run_id, "values") == 0
     assert not task(final, "total").HasField("reused_from")
@@ -108,6 +109,9 @@ def test_a_cancelled_split_task_resumes_with_only_its_missing_units(start_server
         if done >= 4:
             break
         time.sleep(0.05)
+    # A run still computing cannot be resumed: its tasks have not ended, so nothing of it could be reused yet.
+    with pytest.raises(FailedPrecondition, match="resume it once it has ended"):
+        client.submit(workflow, resume_from=first.run_id)
     client.cancel(first.run_id)
     assert wait_final(client, first.run_id).state == common_pb2.RUN_STATE_CANCELLED
     # Done units of its ledger (the reports of stopped pods may not have counted their last units yet).
@@ -121,6 +125,7 @@ def test_a_cancelled_split_task_resumes_with_only_its_missing_units(start_server
     seeded = values.reused_from.units
     assert values.reused_from.run_id == first.run_id and seeded == done_before
     assert units_computed(store, resumed.run_id, "values") == 16 - seeded  # the worker reports count them
+    assert values.units_done == 16  # seeded and computed units alike
 
     undisturbed = client.submit(workflow, reuse="never")
     assert wait_final(client, undisturbed.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
@@ -147,7 +152,9 @@ def test_an_edited_file_reuses_nothing(start_server, client_for, e2e_model):
     assert all(t.key != task(first, t.task_id).key for t in final.tasks)
 
 
-def test_an_agent_cannot_reuse_another_persons_run(start_server, client_for, e2e_model):
+def test_only_runs_the_caller_may_read_are_reused(start_server, client_for, e2e_model):
+    """Reuse follows the read policy: Carol's agent never reuses Bob's run, nor does Bob's own agent, which may not
+    read Bob's runs by default; a run that is hidden is not found when it is resumed, whatever the path."""
     server = start_server()
     bob, carols_agent = client_for(server, "person"), client_for(server, "other-agent")
     workflow = write_workflow(e2e_model, sums())
@@ -158,10 +165,21 @@ def test_an_agent_cannot_reuse_another_persons_run(start_server, client_for, e2e
     assert final.state == common_pb2.RUN_STATE_SUCCEEDED
     assert not any(t.HasField("reused_from") for t in final.tasks)
     assert task(final, "values").key == task(first, "values").key  # the same key: refused by identity alone
-    # The read policy hides Bob's run from Carol's agent: it cannot resume what does not exist for it.
+    # The read policy hides Bob's run from Carol's agent: it cannot resume what does not exist for it, and the
+    # refusal says no more than for a run that does not exist (not whose it is).
     with pytest.raises(NotFound, match="no run"):
         carols_agent.resume(first.run_id, model=e2e_model)
-    # Bob's own agent reuses Bob's results.
+    with pytest.raises(NotFound, match="no run") as refused:
+        carols_agent.submit(workflow, resume_from=first.run_id)
+    assert "bob" not in str(refused.value)
+    # Bob's agent may not read Bob's runs either (read_policy.agents_see_their_person is off): no reuse.
     bobs_agent = client_for(server, "agent")
+    with pytest.raises(NotFound, match="no run"):
+        bobs_agent.submit(workflow, resume_from=first.run_id)
     again = bobs_agent.submit(workflow)
-    assert task(wait_final(bobs_agent, again.run_id), "values").reused_from.run_id in (first.run_id,)
+    mine = wait_final(bobs_agent, again.run_id)
+    assert mine.state == common_pb2.RUN_STATE_SUCCEEDED
+    assert not any(t.HasField("reused_from") for t in mine.tasks)
+    # Bob reads his agent's runs, so he reuses them.
+    later = bob.submit(workflow)
+    assert task(wait_final(bob, later.run_id), "values").reused_from.run_id in (first.run_id, again.run_id)

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from e2e_support import TOKENS, expected_total, write_workflow
 from mcp import Client as MCPClient
 from simrun_gateway.embedded import EmbeddedServer
@@ -194,11 +202,14 @@ def test_a_polled_watch_returns_at_its_timeout_while_the_run_goes_on(start_serve
             run = await call(client, "submit_run", workflow_path=str(long_run))
             result: dict = {}
             progress: list[float] = []
-            for _ in range(10):
+            # Watch until one returns at its timeout with units done (on a loaded machine the pod may take a few
+            # seconds to start: a watch may time out before a unit is done, and one returns at each change).
+            for _ in range(30):
                 result = await call(client, "watch_run", progress, run_id=run["run_id"], timeout_s=3)
-                if result["timed_out"]:
+                assert not result["ended"], result
+                assert result["timed_out"] != result["changed"], result
+                if result["timed_out"] and result["progress"] > 0:
                     break
-                assert result["changed"]
             assert result["timed_out"] and not result["changed"] and not result["ended"]
             assert result["state"] == "running" and "watch_run" in result["next_step"]
             assert progress == sorted(progress) and progress[-1] > 0 and result["progress"] >= progress[-1]
@@ -213,11 +224,24 @@ def test_a_retried_submission_with_the_same_request_id_returns_the_first_run(sta
 
     async def session() -> None:
         async with agent(server, "agent", [e2e_model]) as client:
-            first = await call(client, "submit_run", workflow_path=str(workflow), request_id="retry-7")
+            first = await call(client, "submit_run", workflow_path=str(workflow), request_id="retry-7", wait_s=60)
+            assert first["state"] == "succeeded"
             second = await call(client, "submit_run", workflow_path=str(workflow), request_id="retry-7")
+            # The same workflow again (a new request id) would reuse the first run's results, and says so.
+            estimate = await call(client, "estimate_run", workflow_path=str(workflow))
+            source = {"run_id": first["run_id"], "task_id": "values", "units": None}
+            assert estimate["tasks"][0]["reused_from"] == source
+            assert estimate["seconds"] == 0
             other = await call(client, "submit_run", workflow_path=str(workflow), request_id="retry-8")
+            assert other["tasks"][0]["reused_from"]["run_id"] == first["run_id"]
+            reused = await call(client, "watch_run", run_id=other["run_id"], timeout_s=30)
+            while not reused["ended"]:
+                reused = await call(client, "watch_run", run_id=other["run_id"], timeout_s=30)
+            assert reused["state"] == "succeeded" and reused["progress"] == reused["total"] == 2
             listed = await call(client, "list_runs", group="")
             assert second["run_id"] == first["run_id"] != other["run_id"]
+            # The first run as it is now: ended, with every unit done.
+            assert second["state"] == "succeeded" and second["tasks"][0]["units_done"] == 2
             assert sorted(r["run_id"] for r in listed["runs"]) == sorted({first["run_id"], other["run_id"]})
 
     anyio.run(session)
@@ -234,3 +258,72 @@ def test_results_are_json_the_agent_can_parse(start_server, e2e_model):
             assert result.structured_content["priority"] == "owner"
 
     anyio.run(session)
+
+
+def test_an_agent_over_streamable_http(start_server, e2e_model, tmp_path):
+    """`simrun-mcp --http` as a host that connects by URL uses it: the agent's token, a tool error in the tools'
+    words, and a request naming another host refused (DNS rebinding from a browser)."""
+    server = start_server()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "SIMRUN_ENDPOINT": server.address,
+        "SIMRUN_TOKEN": TOKENS["agent"],
+        "SIMRUN_MCP_ROOTS": str(e2e_model),
+    }
+    bridge = subprocess.Popen(
+        [sys.executable, "-m", "simrun_mcp", "--http", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert bridge.poll() is None, bridge.communicate()
+                time.sleep(0.2)
+
+        async def session() -> None:
+            async with MCPClient(url) as client:
+                me = await call(client, "whoami")
+                assert (me["name"], me["priority"]) == ("bob-agent", "agent")
+                text = await refused(client, "get_run", run_id="no-such-run")
+                assert "no run 'no-such-run'" in text and "list_runs" in text
+
+        anyio.run(session)
+        initialize = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "x", "version": "1"},
+                },
+            }
+        ).encode()
+        request = urllib.request.Request(
+            url,
+            data=initialize,
+            headers={
+                "Host": f"attacker.example:{port}",
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+            },
+        )
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(request, timeout=30)
+        answer.value.close()
+        assert answer.value.code == 421
+    finally:
+        bridge.terminate()
+        out, err = bridge.communicate(timeout=30)
+    assert out == b"" and b"Traceback" not in err, err.decode()

@@ -328,3 +328,52 @@ def test_a_restarted_server_continues_the_runs_trace(tmp_path, tokens_file, e2e_
     spans = [s for s in after.get_finished_spans() if s.name in ("task values", "pod w0")]
     assert {s.name for s in spans} == {"task values", "pod w0"}
     assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+
+
+def test_an_agents_tool_call_is_the_root_of_its_runs_trace(tmp_path, tokens_file, e2e_model):
+    """The MCP bridge records a span per tool call (`simrun-mcp`) above the client's calls, so a run an agent
+    submits through it has the tool call as the root of its trace; a refused call is an error span."""
+    import anyio
+    from e2e_support import TOKENS, write_workflow
+    from mcp import Client as MCPClient
+    from simrun_mcp.server import connect
+
+    exporter = InMemorySpanExporter()
+    server = start_embedded(
+        ServerConfig(
+            home=tmp_path / "home",
+            store=tmp_path / "home" / "store",
+            address="127.0.0.1:0",
+            tokens_file=tokens_file,
+            nodes=[NodeConfig(name="node-a", cores=2, memory_gb=8)],
+        ),
+        drive_runs=False,
+    )
+    workflow = write_workflow(
+        e2e_model, "tasks: {values: {type: 'e2etasks.tasks:Slow', settings: {units: 2, seconds: 0.05}}}"
+    )
+    mcp_server, bridge = connect(server.address, TOKENS["agent"], [e2e_model], telemetry=sdk(exporter, "simrun-mcp"))
+
+    async def session() -> tuple[str, bool]:
+        async with MCPClient(mcp_server) as client:
+            submitted = await client.call_tool("submit_run", {"workflow_path": str(workflow)})
+            refused = await client.call_tool("get_run", {"run_id": "no-such-run"})
+            return submitted.structured_content["run_id"], refused.is_error
+
+    try:
+        run_id, refused = anyio.run(session)
+        with Client(server.address, TOKENS["agent"]) as reader:
+            trace_id = reader.get_run(run_id).trace_id
+    finally:
+        bridge.client.close()
+        server.stop()
+    spans = exporter.get_finished_spans()
+    submit = next(s for s in spans if s.name == "tool submit_run")
+    assert submit.parent is None and service_of(submit) == "simrun-mcp"
+    assert trace_id == f"{submit.context.trace_id:032x}"  # the run's trace starts at the agent's tool call
+    client_submit = next(s for s in spans if s.name == "simrun_client.submit")
+    assert client_submit.parent.span_id == submit.context.span_id
+    calls = [s for s in spans if s.name == "/simrun.v1.RunTrackerService/SubmitRun"]
+    assert [c.parent.span_id for c in calls] == [client_submit.context.span_id] and calls[0].kind is SpanKind.CLIENT
+    failed = next(s for s in spans if s.name == "tool get_run")
+    assert refused and not failed.status.is_ok and "no run" in (failed.status.description or "")

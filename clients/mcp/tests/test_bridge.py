@@ -113,6 +113,8 @@ def test_arguments_out_of_bounds_are_refused(tmp_path: Path) -> None:
                 ("watch_run", {"run_id": "r", "timeout_s": 600}),
                 ("get_logs", {"run_id": "r", "tail_lines": 100000}),
                 ("list_runs", {"group": "", "state": "sleeping"}),
+                ("get_run", {"run_id": "r" * 100_000}),
+                ("compare_runs", {"run_ids": ["r" * 100_000]}),
             ]:
                 result = await client.call_tool(tool, arguments)
                 assert result.is_error, tool
@@ -124,6 +126,8 @@ def test_arguments_out_of_bounds_are_refused(tmp_path: Path) -> None:
     finally:
         bridge.client.close()
     assert "timeout_s" in texts[0] and "tail_lines" in texts[1] and "state" in texts[2]
+    # An id past any real one's length is refused before it reaches simrun (whose refusal would echo it).
+    assert "run_id" in texts[3] and "at most 200 characters" in texts[3] and "run_ids" in texts[4]
 
 
 def test_a_stuck_simrun_never_hangs_a_tool(silent_endpoint: str, tmp_path: Path) -> None:
@@ -184,6 +188,8 @@ class TestRoots:
             roots.workflow("../missing.yaml")
         with pytest.raises(InvalidArgument, match="no workflow file"):
             roots.workflow("missing.yaml")
+        with pytest.raises(InvalidArgument, match="NUL character"):
+            roots.workflow("w\x00.yaml")
 
     def test_symlinks_out_of_the_roots_are_refused(self, tmp_path: Path) -> None:
         root = tmp_path / "root"
@@ -268,3 +274,49 @@ def test_the_command_refuses_a_host_that_is_not_loopback(tmp_path: Path) -> None
     )
     assert result.returncode != 0 and "not a loopback address" in result.stderr
     assert result.stdout == ""
+
+
+def test_refusals_get_advice_that_fits_the_tool_and_the_error() -> None:
+    from simrun_core.errors import NotFound
+    from simrun_mcp.errors import tool_error
+
+    reserve = str(
+        tool_error(PermissionDenied("bob-agent may not reserve node node-a; submit without --reserve"), "submit_run")
+    )
+    assert "submit without reserve" in reserve and "whoami()" in reserve and "read every run" not in reserve
+    outside = str(tool_error(PermissionDenied("'/etc/x' is outside the folders this bridge may read"), "submit_run"))
+    assert outside == "'/etc/x' is outside the folders this bridge may read."
+    token = str(tool_error(InvalidArgument("bad page_token: pass the next_page_token"), "list_runs"))
+    assert "call list_runs again" in token and "estimate_run" not in token and "workflow" not in token
+    setting = str(tool_error(InvalidArgument("task values: unknown setting 'unitz'"), "submit_run"))
+    assert "estimate_run(workflow_path)" in setting and "submit_run again" in setting
+    estimate = str(tool_error(InvalidArgument("task values: unknown setting 'unitz'"), "estimate_run"))
+    assert estimate.count("estimate_run") == 1
+    missing = str(tool_error(NotFound("no run 'x': `simrun list` shows the runs"), "get_run"))
+    assert "list_runs(group)" in missing and "simrun" not in missing
+    unexpected = str(tool_error(RuntimeError("secret detail"), "get_run"))
+    assert "secret detail" not in unexpected and "bridge's log" in unexpected
+
+
+def test_big_results_are_cut_and_say_so() -> None:
+    """A run of many tasks, long messages and a comparison of many rows stay within the caps, flagged `truncated`."""
+    from simrun.v1 import common_pb2, tracker_pb2
+    from simrun_mcp import convert
+
+    run = common_pb2.Run(run_id="r", state=common_pb2.RUN_STATE_FAILED, message="x" * 5000)
+    for i in range(60):
+        run.tasks.add(task_id=f"t{i}", type="m:T", state=common_pb2.TASK_STATE_FAILED, message="y" * 3000)
+    fields = convert.run_fields(run)
+    assert fields["truncated"] and len(fields["tasks"]) == convert.MAX_TASKS
+    assert len(fields["message"]) == convert.MAX_MESSAGE_CHARS and fields["message"].endswith("…")
+    assert all(len(t.message) <= convert.MAX_MESSAGE_CHARS for t in fields["tasks"])
+    small = common_pb2.Run(run_id="r", state=common_pb2.RUN_STATE_SUCCEEDED)
+    small.tasks.add(task_id="t", type="m:T", state=common_pb2.TASK_STATE_SUCCEEDED)
+    assert not convert.run_fields(small)["truncated"]
+
+    response = tracker_pb2.CompareRunsResponse(run_ids=["a", "b"])
+    for i in range(500):
+        response.rows.add(task_id="t", key=f"k{i}", values=[str(i), '"' + "z" * 2000 + '"'])
+    compared = convert.comparison(response, only_differences=False)
+    assert compared.truncated and len(compared.rows) == convert.MAX_ROWS and compared.rows_total == 500
+    assert all(len(row.values[1]) <= convert.MAX_VALUE_CHARS for row in compared.rows)

@@ -7,6 +7,7 @@ import stat
 
 import pytest
 from pydantic import BaseModel, ConfigDict
+from simrun_core.config import ReadPolicy
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import Identity, IdentityKind, Priority
 from simrun_core.key_index import KeyIndex, ReuseSource
@@ -24,6 +25,7 @@ from simrun_runtime.layout import StoreLayout, TaskLayout
 from simrun_runtime.ledger import Ledger, UnitRange, create_ledger
 from simrun_runtime.record import Identity as RecordIdentity
 from simrun_runtime.record import RunRecord, RunState, TaskRecord, TaskState
+from simrun_runtime.reports import ProgressReader, read_progress
 
 ALICE = Identity("alice", IdentityKind.OWNER, Priority.OWNER)
 BOB = Identity("bob", IdentityKind.PERSON, Priority.STANDARD)
@@ -90,12 +92,19 @@ def test_a_downstream_change_keeps_the_upstream_key():
 
 
 def test_who_may_reuse_whose_runs():
+    """Exactly the runs the caller may read: by default a person their own and their agents', an agent its own."""
     assert may_reuse(BOB, record_identity(BOB))
-    assert may_reuse(BOB_AGENT, record_identity(BOB))  # an agent, the runs of the person it acts for
     assert may_reuse(BOB, record_identity(BOB_AGENT))
+    assert may_reuse(BOB_AGENT, record_identity(BOB_AGENT))
+    assert not may_reuse(BOB_AGENT, record_identity(BOB))  # it may not read its person's runs
     assert may_reuse(ALICE, record_identity(CAROL_AGENT))  # the owner reads every run
     assert not may_reuse(CAROL_AGENT, record_identity(BOB))
     assert not may_reuse(BOB_AGENT, record_identity(ALICE))
+    # The server's read policy widens it the same way it widens reads.
+    sharing = ReadPolicy(agents_see_their_person=True, people_see_all=True)
+    assert may_reuse(BOB_AGENT, record_identity(BOB), sharing)
+    assert not may_reuse(BOB_AGENT, record_identity(CAROL_AGENT), sharing)
+    assert may_reuse(BOB, record_identity(CAROL_AGENT), sharing)
 
 
 def test_reuse_policy_parses_the_cli_words():
@@ -117,7 +126,9 @@ def test_outputs_are_hard_linked_read_only_and_outlive_their_run(tmp_path):
     store = StoreLayout(tmp_path)
     source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
     finished_outputs(source)
+    (source.out_port("samples") / "latest").symlink_to("deep")  # a link to a folder stays a link
     assert link_outputs(source, dest)
+    assert os.readlink(dest.out_port("samples") / "latest") == "deep"
     copied = dest.out_port("samples") / "deep" / "a.bin"
     original = source.out_port("samples") / "deep" / "a.bin"
     assert copied.read_bytes() == b"\x00\x01"
@@ -126,7 +137,7 @@ def test_outputs_are_hard_linked_read_only_and_outlive_their_run(tmp_path):
     assert dest.merge_marker.is_file() and dest.summary.read_text() == '{"mean": 1.5}'
     assert not link_outputs(source, dest)  # outputs in place already
     for path in sorted(source.root.rglob("*"), reverse=True):
-        path.unlink() if path.is_file() else path.rmdir()
+        path.unlink() if path.is_file() or path.is_symlink() else path.rmdir()
     assert copied.read_bytes() == b"\x00\x01"
     assert not list(dest.root.glob(".out.building-*"))
 
@@ -160,11 +171,19 @@ def test_a_seeded_ledger_leaves_only_the_missing_units_pending(tmp_path):
     assert ledger.count == 10 and ledger.done_count() == 4
     assert ledger.pending_indices() == [1, 2, 5, 6, 7, 8]
     assert not ledger.has_claims() and ledger.missing() == []
+    # The seeded units are in the progress log, so the new run's units done count them (no seconds: not computed).
+    assert ProgressReader(dest.progress).units_done() == 4
+    assert all(line.seconds is None and line.worker == "seed" for line in read_progress(dest.progress))
     assert (ledger.layout.result(3) / "value.json").read_text() == "9"
-    assert (
-        os.stat(ledger.layout.result(3) / "value.json").st_ino
-        == os.stat(Ledger.of(source).layout.result(3) / "value.json").st_ino
+    # A copy, not a link: a pod of the new run may write its task's folder, and must not change the earlier run's.
+    seeded_file, earlier_file = (
+        ledger.layout.result(3) / "value.json",
+        Ledger.of(source).layout.result(3) / "value.json",
     )
+    assert os.stat(seeded_file).st_ino != os.stat(earlier_file).st_ino
+    seeded_file.chmod(0o644)
+    seeded_file.write_text("tampered")
+    assert earlier_file.read_text() == "9"
     claimer = ledger.claimer("w0")
     claimed = []
     while (unit := claimer.claim()) is not None:
@@ -188,7 +207,7 @@ def test_a_ledger_of_ranges_is_seeded_with_the_earlier_values(tmp_path):
         assert ledger.mark_done(index, "w0")
     assert seed_ledger(source, dest, 1000) == len(done)
     seeded = Ledger.of(dest)
-    assert seeded.done_count() == len(done)
+    assert seeded.done_count() == len(done) == ProgressReader(dest.progress).units_done()
     assert sorted(seeded.pending_indices()) == sorted(set(range(1000)) - set(done))
     values, covered = seeded.values()
     assert all(index in covered and values[index] == index * 10 for index in done)
@@ -240,7 +259,12 @@ def test_the_index_finds_the_newest_complete_result_the_caller_may_reuse(tmp_pat
     save_run(store, "r3-bob-unmerged", BOB, TaskState.SUCCEEDED, outputs=False)
     index = KeyIndex(store, tmp_path / "keys.sqlite")
     assert index.rebuild(all_records(store)) == 3
-    assert index.find("k-scan", BOB_AGENT) == ReuseSource("r1-bob", "scan")
+    assert index.find("k-scan", BOB) == ReuseSource("r1-bob", "scan")
+    assert index.find("k-scan", BOB_AGENT) is None  # it may not read Bob's runs
+    sharing = ReadPolicy(agents_see_their_person=True)
+    assert index.find("k-scan", BOB_AGENT, read_policy=sharing) == ReuseSource("r1-bob", "scan")
+    # A person who may read every run reuses the newest, whoever's it is.
+    assert index.find("k-scan", BOB, read_policy=ReadPolicy(people_see_all=True)) == ReuseSource("r2-carol", "scan")
     assert index.find("k-scan", CAROL_AGENT) == ReuseSource("r2-carol", "scan")
     assert index.find("k-scan", BOB, ReusePolicy.NEVER) is None
     assert index.find("k-scan", BOB, ReusePolicy.SAME_RUN) is None  # nothing resumed
@@ -299,3 +323,28 @@ def test_the_workflow_file_is_left_out_of_a_snapshots_key():
     assert snapshot_key(code_edited, "tasks: a") != snapshot_key(listing, "tasks: a")
     made_executable = {**listing, "executable": ["model.py"]}
     assert snapshot_key(made_executable, "tasks: a") != snapshot_key(listing, "tasks: a")
+
+
+def test_the_servers_own_python_is_keyed_by_what_is_installed_in_it(monkeypatch):
+    """The environment `default` (a model run in the server's Python) has one id whatever is installed: its keys
+    take the installed distributions instead, so upgrading a package there reuses nothing computed before."""
+    import importlib.metadata
+
+    from simrun_core import reuse
+
+    tasks = workflow()
+    reuse.server_environment_digest.cache_clear()
+    before = keys(tasks, env="default")
+    assert before == keys(tasks, env="default")
+    real = list(importlib.metadata.distributions())
+    upgraded = [d for d in real if (d.metadata["Name"] or "").lower() != "pydantic"]
+    assert len(upgraded) == len(real) - 1
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: upgraded)
+    reuse.server_environment_digest.cache_clear()
+    try:
+        after = keys(tasks, env="default")
+    finally:
+        monkeypatch.undo()
+        reuse.server_environment_digest.cache_clear()
+    assert after["scan"] != before["scan"] and after["fit"] != before["fit"]
+    assert keys(tasks, env="env-1") == keys(tasks, env="env-1") != before  # a built environment's id is its content

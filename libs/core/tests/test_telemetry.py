@@ -273,3 +273,17 @@ def test_a_service_main_stops_on_sigterm_and_sigint(tmp_path, sig):
         process.kill()
         process.wait()
         process.stderr.close()  # type: ignore[union-attr]
+
+
+def test_a_pods_traceparent_counts_only_within_its_runs_trace():
+    """A worker report lies where the pod's code may write: its traceparent may name a span of the run's trace
+    (the task's, or one lost in a restart), never put the pod's span into another trace."""
+    from simrun_core.telemetry import within_trace
+
+    run = "00-" + "a" * 32 + "-" + "1" * 16 + "-01"
+    task = "00-" + "a" * 32 + "-" + "2" * 16 + "-01"
+    foreign = "00-" + "b" * 32 + "-" + "3" * 16 + "-01"
+    assert within_trace(task, run) == task
+    assert within_trace(foreign, run) is None
+    assert within_trace("garbage", run) is None and within_trace(None, run) is None
+    assert within_trace(task, None) is None

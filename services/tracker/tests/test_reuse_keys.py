@@ -63,3 +63,42 @@ def test_keys_follow_the_settings_with_defaults_filled(tmp_path):
     a, b = keys_of(store, run, base), keys_of(store, run, changed)
     assert a["clock"] == b["clock"] and a["other"] == b["other"]
     assert a["fit"] != b["fit"]
+
+
+def test_a_reuse_request_that_contradicts_itself_or_hides_a_run_is_refused(tmp_path):
+    """Requests are checked before anything is written: a task to rerun must exist, same-run needs a run and never
+    refuses one; a run to resume must be readable (else not found, as reads say) and ended."""
+    import pytest
+    from simrun_core.config import ReadPolicy
+    from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
+    from simrun_core.identity import Identity as Caller
+    from simrun_core.identity import IdentityKind, Priority
+    from simrun_core.reuse import ReusePolicy
+    from simrun_runtime.record import RunState
+    from simrun_tracker.reuse import ReuseRequest, check_request
+
+    bob = Caller("bob", IdentityKind.PERSON, Priority.STANDARD)
+    bobs_agent = Caller("bob-agent", IdentityKind.AGENT, Priority.AGENT, on_behalf_of="bob")
+    ended = record(tmp_path).model_copy(update={"state": RunState.SUCCEEDED})
+    running = record(tmp_path / "b").model_copy(update={"state": RunState.RUNNING})
+    runs = {"ended": ended, "running": running}
+
+    def load(run_id: str) -> RunRecord:
+        if run_id not in runs:
+            raise NotFound(f"no run {run_id!r}")
+        return runs[run_id]
+
+    tasks = ["clock", "fit"]
+    check_request(ReuseRequest(ReusePolicy.SAME_RUN, "ended"), tasks, bob, load)
+    with pytest.raises(InvalidArgument, match="no such task"):
+        check_request(ReuseRequest(rerun=("fitt",)), tasks, bob, load)
+    with pytest.raises(InvalidArgument, match="needs the run to resume"):
+        check_request(ReuseRequest(ReusePolicy.SAME_RUN), tasks, bob, load)
+    with pytest.raises(InvalidArgument, match="reuse never takes nothing"):
+        check_request(ReuseRequest(ReusePolicy.NEVER, "ended"), tasks, bob, load)
+    with pytest.raises(NotFound, match="no run 'ended'") as hidden:
+        check_request(ReuseRequest(resume_from="ended"), tasks, bobs_agent, load)
+    assert "bob" not in str(hidden.value)
+    check_request(ReuseRequest(resume_from="ended"), tasks, bobs_agent, load, ReadPolicy(agents_see_their_person=True))
+    with pytest.raises(FailedPrecondition, match="resume it once it has ended"):
+        check_request(ReuseRequest(resume_from="running"), tasks, bob, load)

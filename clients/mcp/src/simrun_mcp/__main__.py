@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         bridge.client.close()
+        bridge.telemetry.shutdown()  # exports the spans still buffered (a no-op without an exporter)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,16 @@ def _value(text: str, cut: Cut) -> Any:
         return text
 
 
+def reused_from(task: common_pb2.Task | tracker_pb2.TaskEstimate) -> models.ReusedFrom | None:
+    """Where a task's results come from, when an earlier run's are reused."""
+    if not task.HasField("reused_from"):
+        return None
+    source = task.reused_from
+    return models.ReusedFrom(
+        run_id=source.run_id, task_id=source.task_id, units=source.units if source.HasField("units") else None
+    )
+
+
 def run_fields(run: common_pb2.Run, task_summaries: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """The fields of `RunInfo` for a run (the caller adds what its result type adds)."""
     cut = Cut()
@@ -145,6 +155,7 @@ def run_fields(run: common_pb2.Run, task_summaries: dict[str, dict[str, Any]] | 
             pods=t.plan.pods,
             message=cut.text(t.message),
             summary=(task_summaries or {}).get(t.task_id),
+            reused_from=reused_from(t),
         )
         for t in cut.items(list(run.tasks), MAX_TASKS)
     ]
@@ -263,10 +274,12 @@ def estimate(workflow_path: str, response: tracker_pb2.EstimateRunResponse) -> m
             base_priority=t.plan.base_priority,
             extra_priority=t.plan.extra_priority,
             memory_reason=t.resources.reason,
+            reused_from=reused_from(t),
         )
         for t in response.tasks
     ]
-    known = [t.seconds for t in tasks]
+    # A task reused whole takes no time; one seeded with units is estimated for the rest.
+    known = [0.0 if t.reused_from is not None and t.reused_from.units is None else t.seconds for t in tasks]
     total = sum(s for s in known if s is not None) if all(s is not None for s in known) else None
     return models.Estimate(workflow_path=workflow_path, tasks=tasks, seconds=total)
 

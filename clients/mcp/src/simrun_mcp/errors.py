@@ -45,12 +45,10 @@ _TOOL_CALL = re.compile(
     r"\b(whoami|submit_run|get_run|watch_run|list_runs|compare_runs|get_logs|estimate_run|cancel_run|list_nodes)\("
 )
 
+_WORKFLOW_TOOLS = ("submit_run", "estimate_run")
+
 _ADVICE: list[tuple[type[SimrunError], str]] = [
-    (
-        InvalidArgument,
-        "Fix the argument or the workflow file and call {tool} again; estimate_run(workflow_path) checks a "
-        "workflow without running it.",
-    ),
+    (InvalidArgument, "Fix the argument and call {tool} again."),
     (NotFound, "Check the id: list_runs(group) lists the runs, get_run(run_id) shows a run's tasks."),
     (
         FailedPrecondition,
@@ -59,10 +57,28 @@ _ADVICE: list[tuple[type[SimrunError], str]] = [
     ),
     (
         PermissionDenied,
-        "This identity may not do that: whoami() says who you are; you may read every run but cancel only your own.",
+        "This identity may not do that: whoami() says who you are and at which priority your runs go; you may "
+        "change only your own runs.",
     ),
     (AlreadyExists, "It exists already: read it with the get_ or list_ tools instead of creating it."),
 ]
+
+
+def _advice(exc: SimrunError, tool: str) -> str | None:
+    """What to do next, in the tools' words, for a refusal of `tool`."""
+    if isinstance(exc, PermissionDenied) and tool in _WORKFLOW_TOOLS and "outside the folders" in str(exc):
+        return None  # the message says already which folders the bridge reads
+    if isinstance(exc, InvalidArgument) and tool in _WORKFLOW_TOOLS:
+        if tool == "estimate_run":
+            return "Fix the workflow file (or the path) and call estimate_run again."
+        return (
+            "Fix the workflow file (or the argument) and call submit_run again; estimate_run(workflow_path) checks "
+            "a workflow without running it."
+        )
+    for cls, advice in _ADVICE:
+        if isinstance(exc, cls):
+            return advice.format(tool=tool)
+    return None
 
 
 def tool_error(exc: BaseException, tool: str) -> ToolError:
@@ -86,12 +102,8 @@ def tool_error(exc: BaseException, tool: str) -> ToolError:
             f"simrun is not available right now ({message}). Call {tool} again in a little while; a submit_run "
             "with the same request_id is safe to retry and never starts a second run."
         )
-    if _TOOL_CALL.search(message):
-        return ToolError(f"{message}.")  # it says already which tool to call
-    for cls, advice in _ADVICE:
-        if isinstance(exc, cls):
-            return ToolError(f"{message}. {advice.format(tool=tool)}")
-    return ToolError(message)
+    advice = None if _TOOL_CALL.search(message) else _advice(exc, tool)  # a message may name its tool already
+    return ToolError(f"{message}. {advice}" if advice else f"{message}.")
 
 
 def _tool_words(message: str) -> str:

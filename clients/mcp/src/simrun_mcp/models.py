@@ -35,6 +35,16 @@ class WhoAmI(BaseModel):
     preemption: str = Field(description="What preempts whom, in a few sentences.")
 
 
+class ReusedFrom(BaseModel):
+    """The earlier run whose results a task takes instead of computing them (the same task key)."""
+
+    run_id: str
+    task_id: str
+    units: int | None = Field(
+        default=None, description="Units of a split task taken from it; null when its whole outputs are reused."
+    )
+
+
 class TaskInfo(BaseModel):
     """One task of a run."""
 
@@ -48,6 +58,9 @@ class TaskInfo(BaseModel):
     message: str = Field(description="Why it failed or was cancelled; empty otherwise.")
     summary: dict[str, Any] | None = Field(
         default=None, description="The task's summary values (from its summary.json) once it succeeded."
+    )
+    reused_from: ReusedFrom | None = Field(
+        default=None, description="The earlier run whose results it reused, if any (nothing was computed for them)."
     )
 
 
@@ -179,6 +192,9 @@ class TaskEstimate(BaseModel):
     base_priority: str = Field(description="Priority class of the coordinator, e.g. simrun-agent-base.")
     extra_priority: str = Field(description="Priority class of the extra workers.")
     memory_reason: str = Field(description="Why the memory per process is what it is.")
+    reused_from: ReusedFrom | None = Field(
+        default=None, description="The earlier run whose results it would reuse instead of computing them, if any."
+    )
 
 
 class Estimate(BaseModel):
@@ -186,7 +202,9 @@ class Estimate(BaseModel):
 
     workflow_path: str
     tasks: list[TaskEstimate]
-    seconds: float | None = Field(description="The tasks' seconds added up; null while any is unknown.")
+    seconds: float | None = Field(
+        description="The tasks' seconds added up (a reused task's are 0); null while any is unknown."
+    )
 
 
 class NodeInfo(BaseModel):

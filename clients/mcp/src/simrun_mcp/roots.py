@@ -49,6 +49,8 @@ class Roots:
             PermissionDenied: it lies outside every root (after `..` and symlinks are resolved).
             InvalidArgument: it does not exist or is not a file.
         """
+        if "\0" in workflow_path:
+            raise InvalidArgument("a workflow path cannot hold a NUL character: give the path of a workflow YAML file")
         given = Path(workflow_path).expanduser()
         candidate = given if given.is_absolute() else self.paths[0] / given
         try:

@@ -26,6 +26,7 @@ from pydantic import Field
 from simrun.v1 import common_pb2, tracker_pb2
 from simrun_client.client import Client, git_toplevel
 from simrun_core.errors import FailedPrecondition, InvalidArgument
+from simrun_core.telemetry import Telemetry, process_telemetry
 
 from simrun_mcp import convert, models
 from simrun_mcp.errors import tool_error
@@ -33,6 +34,9 @@ from simrun_mcp.roots import Roots
 
 T = TypeVar("T")
 log = logging.getLogger("simrun_mcp")
+
+SERVICE_NAME = "simrun-mcp"
+"""The bridge's OpenTelemetry service name (`OTEL_SERVICE_NAME` overrides it)."""
 
 MAX_WATCH_S = 120.0
 DEFAULT_WATCH_S = 60.0
@@ -55,7 +59,12 @@ compare_runs(run_ids). Runs outlive this conversation: their ids stay valid.
 
 READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
-RunIdArg = Annotated[str, Field(description="The run's id, as submit_run or list_runs returned it.", min_length=1)]
+# Ids and names are short; a bound keeps a mistaken argument from reaching simrun (whose refusal would echo it).
+MAX_ID_CHARS = 200
+RunIdArg = Annotated[
+    str,
+    Field(description="The run's id, as submit_run or list_runs returned it.", min_length=1, max_length=MAX_ID_CHARS),
+]
 WorkflowArg = Annotated[
     str,
     Field(
@@ -63,6 +72,7 @@ WorkflowArg = Annotated[
         "path starts at the first root. The run runs on a snapshot of that working tree, uncommitted changes "
         "included.",
         min_length=1,
+        max_length=4096,
     ),
 ]
 
@@ -77,6 +87,7 @@ class Bridge:
         max_streams: watches that may hold a WatchRun stream at once; further ones poll GetRun every `poll_s`.
         poll_s: seconds between two reads of a polled watch.
         max_threads: blocking calls (watches included) that may run at once.
+        telemetry: where the spans of the tool calls go (`simrun-mcp`); by default the client's.
     """
 
     def __init__(
@@ -88,8 +99,10 @@ class Bridge:
         max_streams: int = DEFAULT_MAX_STREAMS,
         poll_s: float = 0.5,
         max_threads: int = 200,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.client = client
+        self.telemetry = telemetry or client.telemetry
         self.roots = roots
         self.call_timeout_s = call_timeout_s
         self.poll_s = poll_s
@@ -126,10 +139,15 @@ class Bridge:
         ctx: Context,
         group: Annotated[
             str | None,
-            Field(description="The run's group (a study, or your subagents' runs); default: the workflow's."),
+            Field(
+                description="The run's group (a study, or your subagents' runs); default: the workflow's.",
+                max_length=MAX_ID_CHARS,
+            ),
         ] = None,
         single_server: Annotated[bool, Field(description="Place each split task's pod on one server.")] = False,
-        reserve: Annotated[str | None, Field(description="A node (see list_nodes) only this run may use.")] = None,
+        reserve: Annotated[
+            str | None, Field(description="A node (see list_nodes) only this run may use.", max_length=MAX_ID_CHARS)
+        ] = None,
         request_id: Annotated[
             str | None,
             Field(
@@ -202,12 +220,18 @@ class Bridge:
 
     async def list_runs(
         self,
-        group: Annotated[str, Field(description="Only this group's runs; an empty string lists every group.")],
+        group: Annotated[
+            str,
+            Field(description="Only this group's runs; an empty string lists every group.", max_length=MAX_ID_CHARS),
+        ],
         state: Annotated[models.RunStateName | None, Field(description="Only runs in this state.")] = None,
-        owner: Annotated[str | None, Field(description="Only runs this identity submitted (see whoami).")] = None,
+        owner: Annotated[
+            str | None, Field(description="Only runs this identity submitted (see whoami).", max_length=MAX_ID_CHARS)
+        ] = None,
         page_size: Annotated[int, Field(description="Runs per page, 1 to 100.", ge=1, le=MAX_PAGE_SIZE)] = 20,
         page_token: Annotated[
-            str | None, Field(description="The next_page_token of the previous page; omit for the first.")
+            str | None,
+            Field(description="The next_page_token of the previous page; omit for the first.", max_length=1000),
         ] = None,
     ) -> models.RunList:
         """List runs, newest first, one page at a time: each with its state and units done."""
@@ -224,9 +248,12 @@ class Bridge:
     async def compare_runs(
         self,
         run_ids: Annotated[
-            list[str], Field(description="The runs to compare, at most 50; empty to compare a group.", max_length=50)
+            list[Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]],
+            Field(description="The runs to compare, at most 50; empty to compare a group.", max_length=50),
         ],
-        group: Annotated[str | None, Field(description="Compare this group's runs (when run_ids is empty).")] = None,
+        group: Annotated[
+            str | None, Field(description="Compare this group's runs (when run_ids is empty).", max_length=MAX_ID_CHARS)
+        ] = None,
         only_differences: Annotated[bool, Field(description="Only the rows where the runs' values differ.")] = False,
     ) -> models.Comparison:
         """Put the summary values of runs side by side: one row per task and summary key, a value per run."""
@@ -241,14 +268,23 @@ class Bridge:
         self,
         run_id: RunIdArg,
         task_id: Annotated[
-            str | None, Field(description="The task; default: the failed task, else the running one, else the last.")
+            str | None,
+            Field(
+                description="The task; default: the failed task, else the running one, else the last.",
+                max_length=MAX_ID_CHARS,
+            ),
         ] = None,
         worker: Annotated[
-            str | None, Field(description="Only this pod's log: w0 (the coordinator), w1, …; default: every pod.")
+            str | None,
+            Field(
+                description="Only this pod's log: w0 (the coordinator), w1, …; default: every pod.",
+                max_length=MAX_ID_CHARS,
+            ),
         ] = None,
         tail_lines: Annotated[int, Field(description="Last lines per pod, 1 to 500.", ge=1, le=MAX_TAIL_LINES)] = 50,
         pattern: Annotated[
-            str | None, Field(description="Only lines matching this regular expression (Python syntax).")
+            str | None,
+            Field(description="Only lines matching this regular expression (Python syntax).", max_length=1000),
         ] = None,
     ) -> models.Logs:
         """The last lines of a task's pod logs, optionally only those matching a pattern. Never follows."""
@@ -432,15 +468,22 @@ def _pick_task(run: common_pb2.Run) -> str | None:
     return run.tasks[0].task_id if run.tasks else None
 
 
-def _guarded(name: str, method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """The tool method, with every failure turned into the `ToolError` the model reads."""
+def _guarded(name: str, method: Callable[..., Awaitable[T]], telemetry: Telemetry) -> Callable[..., Awaitable[T]]:
+    """The tool method, with every failure turned into the `ToolError` the model reads, in a span `tool <name>`
+    when spans are recorded (the client's calls, made in worker threads that copy the context, are its children)."""
 
     @functools.wraps(method)
     async def tool(*args: Any, **kwargs: Any) -> T:
-        try:
-            return await method(*args, **kwargs)
-        except Exception as exc:
-            raise tool_error(exc, name) from None
+        if not telemetry.recording:
+            try:
+                return await method(*args, **kwargs)
+            except Exception as exc:
+                raise tool_error(exc, name) from None
+        with telemetry.span(f"tool {name}", attributes={"mcp.tool.name": name}):
+            try:
+                return await method(*args, **kwargs)
+            except Exception as exc:
+                raise tool_error(exc, name) from None
 
     return tool
 
@@ -476,7 +519,7 @@ def build_server(bridge: Bridge, *, name: str = "simrun") -> MCPServer:
     for tool_name, title, hints in _TOOLS:
         method = getattr(bridge, tool_name)
         server.add_tool(
-            _guarded(tool_name, method),
+            _guarded(tool_name, method, bridge.telemetry),
             name=tool_name,
             title=title,
             description=" ".join((method.__doc__ or "").split()),
@@ -502,11 +545,15 @@ def connect(
     *,
     call_timeout_s: float = 60.0,
     max_streams: int = DEFAULT_MAX_STREAMS,
+    telemetry: Telemetry | None = None,
 ) -> tuple[MCPServer, Bridge]:
-    """A server and its bridge over a new client of simrun at `endpoint` with `token` (see `Client`)."""
-    client = Client(endpoint, token, timeout_s=call_timeout_s)
+    """A server and its bridge over a new client of simrun at `endpoint` with `token` (see `Client`); its spans
+    (a span per tool call above the client's) go to `telemetry`, by default the OpenTelemetry variables' as
+    `simrun-mcp`."""
+    telemetry = telemetry or process_telemetry(SERVICE_NAME)
+    client = Client(endpoint, token, timeout_s=call_timeout_s, telemetry=telemetry)
     roots = roots if isinstance(roots, Roots) else Roots(roots)
-    bridge = Bridge(client, roots, call_timeout_s=call_timeout_s, max_streams=max_streams)
+    bridge = Bridge(client, roots, call_timeout_s=call_timeout_s, max_streams=max_streams, telemetry=telemetry)
     return build_server(bridge), bridge
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import RunRecord, TaskRecord, TaskState
 
+from simrun_core.config import ReadPolicy
 from simrun_core.identity import Identity
-from simrun_core.reuse import ReusePolicy, done_units, may_reuse, outputs_complete, principal
+from simrun_core.reuse import ReusePolicy, done_units, may_reuse, outputs_complete, principal, reusable_principal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS task_keys (
@@ -94,22 +95,24 @@ class KeyIndex:
         resume_from: str | None = None,
         exclude_run: str | None = None,
         load: Callable[[str], RunRecord | None] | None = None,
+        read_policy: ReadPolicy | None = None,
     ) -> ReuseSource | None:
         """The earlier task to reuse for `key`, or None (a miss).
 
         The newest succeeded task with complete outputs wins (the run resumed first); without one, a split task
-        that failed or was cancelled with done units gives those units. Only runs `caller` may reuse count, and
-        with `SAME_RUN` only `resume_from`. Each candidate is checked against its record (`load`, by default
-        read from the store) and its files.
+        that failed or was cancelled with done units gives those units. Only runs `caller` may read under
+        `read_policy` count (`may_reuse`), and with `SAME_RUN` only `resume_from`. Each candidate is checked
+        against its record (`load`, by default read from the store) and its files.
         """
         if policy is ReusePolicy.NEVER or (policy is ReusePolicy.SAME_RUN and not resume_from):
             return None
         # Only ended tasks can be reused: the runs still under way with the same key (often many) are not read.
         query = "SELECT run_id, task_id, state, split FROM task_keys WHERE key = ? AND state IN (?, ?, ?)"
         parameters: tuple[str, ...] = (key, *_REUSABLE_STATES)
-        if not caller.is_owner:
+        person = reusable_principal(caller, read_policy)
+        if person is not None:
             query += " AND principal = ?"
-            parameters += (principal(caller),)
+            parameters += (person,)
         with self._lock:
             rows = self._db.execute(query + " ORDER BY ended_at DESC", parameters).fetchall()
         candidates = [row for row in rows if row[0] != exclude_run]
@@ -124,7 +127,7 @@ class KeyIndex:
                 continue
             record = load(run_id)
             task = record.tasks.get(task_id) if record is not None else None
-            if record is None or task is None or task.key != key or not may_reuse(caller, record.identity):
+            if record is None or task is None or task.key != key or not may_reuse(caller, record.identity, read_policy):
                 continue
             layout = self._store.run(run_id).task(task_id)
             if task.state is TaskState.SUCCEEDED and outputs_complete(layout):

@@ -7,16 +7,22 @@ mode stay out: results do not depend on them. Every key is known at submission.
 
 A reused task hard-links the earlier outputs into the new run, read-only (they survive the deletion of the earlier
 run); a split task whose earlier run failed or was cancelled seeds its new ledger with the earlier done units, so
-only the missing ones are computed. A source that is missing or not merged is a miss, never an error.
+only the missing ones are computed. Seeded units' files are copied, not linked: the new run's pods may write their
+task's folder (Landlock allows it, and a pod may chmod what it can name), so a link there would let them change the
+earlier run's results. A source that is missing or not merged is a miss, never an error.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
 import stat
+import sys
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,9 +33,12 @@ from typing import Any
 from simrun_runtime.layout import TaskLayout
 from simrun_runtime.ledger import Ledger, LedgerError, create_ledger
 from simrun_runtime.record import Identity as RecordIdentity
+from simrun_runtime.reports import ProgressLog
 
+from simrun_core.access import Submitter, may_read
+from simrun_core.config import ReadPolicy
 from simrun_core.errors import InvalidArgument
-from simrun_core.identity import Identity
+from simrun_core.identity import Identity, IdentityKind
 
 KEY_VERSION = 1
 """Part of every key: a change of what a key covers gives every task a new key, never a wrong hit."""
@@ -96,6 +105,30 @@ def snapshot_key(listing: Mapping[str, Any], workflow_text: str | None = None) -
     return digest.hexdigest()
 
 
+SERVER_ENVIRONMENT = "default"
+"""The environment id of a model run in the server's own Python (no `pyproject.toml`, or `environments.kind:
+server`): the same id whatever is installed there, so its keys take the installation's content instead."""
+
+
+@functools.cache
+def server_environment_digest() -> str:
+    """What the server's own Python is, for task keys: its version and every installed distribution's name and
+    version (read once per process: upgrading a package there restarts the server)."""
+    installed = sorted(
+        {f"{dist.metadata['Name'] or ''}=={dist.version}" for dist in importlib.metadata.distributions()}
+    )
+    material = {"python": sys.version, "executable": sys.executable, "distributions": installed}
+    return hashlib.sha256(canonical_json(material).encode()).hexdigest()
+
+
+def environment_key(environment: str | None) -> str:
+    """The environment as task keys see it: its id, which names its locked content, except for the server's own
+    Python, whose id says nothing of what is installed (`server_environment_digest`)."""
+    if environment == SERVER_ENVIRONMENT:
+        return f"{SERVER_ENVIRONMENT}:{server_environment_digest()}"
+    return environment or ""
+
+
 def task_key(
     task: KeyInputs, snapshot_ids: Iterable[str], environment: str | None, upstream_keys: Mapping[str, str]
 ) -> str:
@@ -113,7 +146,7 @@ def task_key(
         "type": task.type,
         "settings": task.settings,
         "snapshots": list(snapshot_ids),
-        "environment": environment or "",
+        "environment": environment_key(environment),
         "inputs": inputs,
         "split": task.split,
     }
@@ -136,11 +169,23 @@ def principal(identity: Identity | RecordIdentity) -> str:
     return identity.on_behalf_of or identity.name
 
 
-def may_reuse(caller: Identity, source: RecordIdentity) -> bool:
-    """Whether `caller` may reuse the results of a run `source` submitted: the cluster's owner may read every
-    run; anyone else the runs of the same person (theirs and their agents'). An agent never reuses another
-    person's run."""
-    return caller.is_owner or principal(caller) == principal(source)
+def may_reuse(caller: Identity, source: RecordIdentity, policy: ReadPolicy | None = None) -> bool:
+    """Whether `caller` may reuse the results of a run `source` submitted: exactly when it may read that run
+    (`simrun_core.access.may_read` under the server's read policy), since a reused task's outputs, summaries and
+    logs become readable in the caller's own run. By default the owner reuses every run, a person their own and
+    their agents', an agent its own; never another person's."""
+    return may_read(caller, Submitter(source.name, source.on_behalf_of), policy or ReadPolicy())
+
+
+def reusable_principal(caller: Identity, policy: ReadPolicy | None = None) -> str | None:
+    """The person whose runs are the only ones `caller` may reuse, or None where it may read anyone's (the owner,
+    a service, a person when every person sees every run): a filter the key index applies before `may_reuse`."""
+    policy = policy or ReadPolicy()
+    if caller.is_owner or caller.kind is IdentityKind.SERVICE:
+        return None
+    if caller.kind is IdentityKind.PERSON and policy.people_see_all:
+        return None
+    return principal(caller)
 
 
 def reuse_message(run_id: str, task_id: str, units: int | None = None) -> str:
@@ -185,7 +230,10 @@ def _link_tree(source: Path, dest: Path) -> None:
     for root, dirs, files in os.walk(source):
         relative = Path(root).relative_to(source)
         for name in dirs:
-            (dest / relative / name).mkdir()
+            if (Path(root) / name).is_symlink():  # os.walk lists it as a folder and does not descend: a link again
+                os.symlink(os.readlink(Path(root) / name), dest / relative / name)
+            else:
+                (dest / relative / name).mkdir()
         for name in files:
             origin = Path(root) / name
             if origin.is_symlink():
@@ -222,7 +270,8 @@ def _runs(indices: list[int]) -> list[tuple[int, int]]:
 
 def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
     """Creates `dest`'s ledger of `count` units with the units done in `source` already done: their values
-    copied into a log of the new ledger and their files hard-linked; only the others stay pending. Returns how
+    copied into a log of the new ledger and their files copied (never linked: the new run's pods may write their
+    task's folder); only the others stay pending. Returns how
     many units were seeded (0: a miss, nothing created).
 
     Safe because a unit's result depends on the settings, its index, the code and the environment only, which is
@@ -240,43 +289,59 @@ def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
     log = ledger.layout.values_log(SEED_WORKER, f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
     seeded_runs = _runs(units)
     seeded = 0
-    for pending in ledger.pending_ranges():
-        if not ledger.claim(pending, SEED_WORKER):
-            continue
-        # Cut the claim at every edge of a seeded run inside it; seeded pieces are done, the rest given back.
-        edges = sorted(
-            {edge for first, last in seeded_runs for edge in (first, last + 1) if pending.first < edge <= pending.last}
-        )
-        pieces = []
-        rest = pending
-        for at in edges:
-            split = ledger.split(rest, SEED_WORKER, at)
-            if split is None:
-                break
-            pieces.append(split[0])
-            rest = split[1]
-        pieces.append(rest)
-        for piece in pieces:
-            if any(first <= piece.first and piece.last <= last for first, last in seeded_runs):
-                seeded += _seed_piece(ledger, source_ledger, piece, values, covered, log)
-            else:
-                ledger.release(piece, SEED_WORKER)
+    progress = ProgressLog(dest.progress)
+    try:
+        for pending in ledger.pending_ranges():
+            if not ledger.claim(pending, SEED_WORKER):
+                continue
+            # Cut the claim at every edge of a seeded run inside it; seeded pieces are done, the rest given back.
+            edges = sorted(
+                {
+                    edge
+                    for first, last in seeded_runs
+                    for edge in (first, last + 1)
+                    if pending.first < edge <= pending.last
+                }
+            )
+            pieces = []
+            rest = pending
+            for at in edges:
+                split = ledger.split(rest, SEED_WORKER, at)
+                if split is None:
+                    break
+                pieces.append(split[0])
+                rest = split[1]
+            pieces.append(rest)
+            for piece in pieces:
+                if any(first <= piece.first and piece.last <= last for first, last in seeded_runs):
+                    seeded += _seed_piece(ledger, source_ledger, piece, values, covered, log, progress)
+                else:
+                    ledger.release(piece, SEED_WORKER)
+    finally:
+        progress.close()
     return seeded
 
 
-def _seed_piece(ledger: Ledger, source: Ledger, piece: Any, values: list[Any], covered: Any, log: Path) -> int:
-    """Puts one claimed piece's earlier results in place and marks it done; the number of units it holds."""
+def _seed_piece(
+    ledger: Ledger, source: Ledger, piece: Any, values: list[Any], covered: Any, log: Path, progress: ProgressLog
+) -> int:
+    """Puts one claimed piece's earlier results in place and marks it done; the number of units it holds.
+
+    Its progress line (no seconds: computed by an earlier run) goes before the done rename, as a worker's does, so
+    the run's units done count the seeded units too.
+    """
     if all(index in covered for index in piece.indices()):
         ledger.append_values(log, piece, values[piece.first : piece.last + 1])
     for index in piece.indices():
         if source.has_result(index):
             tmp = ledger.layout.result_tmp(index, SEED_WORKER, os.getpid())
             try:
-                _link_tree(source.layout.result(index), tmp)
+                shutil.copytree(source.layout.result(index), tmp, symlinks=True)
             except FileNotFoundError:
                 shutil.rmtree(tmp, ignore_errors=True)
                 continue
             ledger.place_result(tmp, index)
+    progress.append(piece, SEED_WORKER, None, time.time())
     return piece.last - piece.first + 1 if ledger.mark_done(piece, SEED_WORKER) else 0
 
 

@@ -408,3 +408,10 @@ def trace_id_of(traceparent: str | None) -> str:
     if not traceparent or context_from_traceparent(traceparent) is None:
         return ""
     return traceparent.strip().lower().split("-")[1]
+
+
+def within_trace(traceparent: str | None, trace_of: str | None) -> str | None:
+    """`traceparent` if it names a span of the same trace as `trace_of`, else None: a pod's report is written where
+    the pod's code may write, so its `traceparent` may hang a span under the run's trace only, never another's."""
+    trace_id = trace_id_of(traceparent)
+    return traceparent if trace_id and trace_id == trace_id_of(trace_of) else None

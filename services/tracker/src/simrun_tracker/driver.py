@@ -27,7 +27,7 @@ from opentelemetry.trace import Span
 from simrun_core.config import DriverConfig
 from simrun_core.errors import SimrunError
 from simrun_core.key_index import KeyIndex
-from simrun_core.telemetry import Telemetry, context_from_traceparent, traceparent_of
+from simrun_core.telemetry import Telemetry, context_from_traceparent, traceparent_of, within_trace
 from simrun_runtime.layout import RunLayout, TaskLayout, read_beneath
 from simrun_runtime.record import OomKill, RunRecord, RunState, TaskRecord, TaskState
 from simrun_runtime.reports import WorkerEnd, load_reports
@@ -288,6 +288,8 @@ class Driver:
         pods_by_task: dict[str, list[PodStatus]] = {}
         for pod in self.executor.pods(record.run_id):
             pods_by_task.setdefault(pod.spec.task_id, []).append(pod)
+        if not pods_by_task and self.executor.ordering == TaskOrdering.ADAPTER:
+            self._hand_over_again(record)
         delay = None
         failure: str | None = None
         for task in record.tasks.values():
@@ -347,6 +349,17 @@ class Driver:
         if self.executor.ordering == TaskOrdering.ADAPTER:
             self.executor.start_run(run_spec(record, environment.environment_id, self.grace_s, environment.image))
         return None
+
+    def _hand_over_again(self, record: RunRecord) -> None:
+        """A planned run the adapter does not know (a restart before its Workflow was made): handed over again.
+
+        Only the environment knows the run's image; `start_run` leaves a run it knows as it is and adopts a
+        Workflow that exists already, so nothing runs twice.
+        """
+        if all(task.state.final for task in record.tasks.values()):
+            return
+        environment = self.environments.get(self._environment_id(record))
+        self.executor.start_run(run_spec(record, environment.environment_id, self.grace_s, environment.image))
 
     @staticmethod
     def _environment_id(record: RunRecord) -> str:
@@ -492,7 +505,7 @@ class Driver:
             failed = report.ended in (WorkerEnd.FAILED, WorkerEnd.RUNNING)
             self.telemetry.record_span(
                 f"pod {report.worker}",
-                parent=report.traceparent or parent,
+                parent=within_trace(report.traceparent, parent) or parent,
                 start=report.started_at,
                 end=report.ended_at or task.ended_at,
                 attributes={

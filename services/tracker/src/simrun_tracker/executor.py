@@ -157,6 +157,9 @@ class RunSpec:
     run_id: str
     tasks: list[TaskSpec]
     reservation: str | None = None
+    snapshots: list[str] = field(default_factory=list)
+    """The run's snapshot folders relative to the store (`snapshots/<name>/<id>`, the model's first): all of the
+    store's snapshots its pods may read."""
 
 
 @dataclass

@@ -120,7 +120,8 @@ class RunReader:
         return records, encode_key_token([last_created.isoformat(), last_id], scope)
 
     def progress(self, record: RunRecord) -> list[TaskProgress]:
-        """Units done per task, from each task's `progress.jsonl`, read on from where the last call stopped."""
+        """Units done per task, from each task's `progress.jsonl`, read on from where the last call stopped (a
+        seeded ledger's units have their lines there too); a split task reused whole has all its units done."""
         with self._lock:
             kept = self._final.get(record.run_id)
             if kept is not None:
@@ -130,7 +131,11 @@ class RunReader:
         result = []
         for task in record.tasks.values():
             done = 0
-            if task.split:
+            if task.split and task.reused_from is not None and task.reused_from.units is None:
+                # Reused whole: its outputs are an earlier run's, every unit done there (no progress line here).
+                if task.state == TaskState.SUCCEEDED:
+                    done = task.units or 0
+            elif task.split:
                 key = (record.run_id, task.task_id)
                 with self._lock:
                     reader = self._readers.get(key)

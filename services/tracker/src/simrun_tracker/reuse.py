@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from simrun_core.errors import InvalidArgument, NotFound, PermissionDenied
+from simrun_core.config import ReadPolicy
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_core.identity import Identity, IdentityKind, Priority
 from simrun_core.key_index import KeyIndex, ReuseSource
 from simrun_core.reuse import (
@@ -49,25 +50,39 @@ def caller_identity(identity: Identity | RecordIdentity) -> Identity:
 
 
 def check_request(
-    request: ReuseRequest, task_ids: list[str], caller: Identity, load: Callable[[str], RunRecord]
+    request: ReuseRequest,
+    task_ids: list[str],
+    caller: Identity,
+    load: Callable[[str], RunRecord],
+    read_policy: ReadPolicy | None = None,
 ) -> None:
     """Refuses a request naming an unknown task to rerun or a run to resume the caller may not read.
 
     Raises:
-        InvalidArgument: `--rerun` names a task the workflow does not have, or `same-run` without a run to resume.
-        NotFound: no run `resume_from`.
-        PermissionDenied: the run to resume is another person's.
+        InvalidArgument: `--rerun` names a task the workflow does not have, `same-run` without a run to resume,
+            or `never` with one.
+        NotFound: no run `resume_from`, or one the read policy hides from the caller (worded the same, so a
+            hidden run's existence and owner are not told).
+        FailedPrecondition: the run to resume has not ended.
     """
     unknown = sorted(set(request.rerun) - set(task_ids))
     if unknown:
         raise InvalidArgument(f"cannot rerun {', '.join(unknown)}: no such task (tasks: {', '.join(task_ids)})")
     if request.policy is ReusePolicy.SAME_RUN and not request.resume_from:
         raise InvalidArgument("reuse same-run needs the run to resume: give --resume-from RUN")
+    if request.policy is ReusePolicy.NEVER and request.resume_from:
+        raise InvalidArgument(
+            "reuse never takes nothing from --resume-from RUN: drop --reuse never to resume, or --resume-from"
+        )
     if request.resume_from:
         source: RunRecord = load(request.resume_from)  # NotFound for an unknown run
-        if not may_reuse(caller, source.identity):
-            raise PermissionDenied(
-                f"run {request.resume_from} belongs to {source.identity.name}: only they or the owner may resume it"
+        if not may_reuse(caller, source.identity, read_policy):
+            raise NotFound(f"no run {request.resume_from!r}: `simrun list` shows the runs")
+        if not source.state.final:
+            # Only ended tasks can be reused: resuming now would compute again what the run is computing.
+            raise FailedPrecondition(
+                f"run {request.resume_from} is {source.state.value}: resume it once it has ended "
+                f"(`simrun cancel {request.resume_from}` ends it now)"
             )
 
 
@@ -122,14 +137,26 @@ def _with_nonces(inputs: dict[str, KeyInputs], planned: list[PlannedTask]) -> di
     }
 
 
-def find_sources(record: RunRecord, index: KeyIndex, request: ReuseRequest, caller: Identity) -> dict[str, ReuseSource]:
-    """The earlier task each of the run's tasks would reuse (tasks without one are left out)."""
+def find_sources(
+    record: RunRecord,
+    index: KeyIndex,
+    request: ReuseRequest,
+    caller: Identity,
+    read_policy: ReadPolicy | None = None,
+) -> dict[str, ReuseSource]:
+    """The earlier task each of the run's tasks would reuse, from runs `caller` may read (tasks without one are
+    left out)."""
     sources = {}
     for task in record.tasks.values():
         if not task.key or task.task_id in request.rerun:
             continue
         source = index.find(
-            task.key, caller, request.policy, resume_from=request.resume_from or None, exclude_run=record.run_id
+            task.key,
+            caller,
+            request.policy,
+            resume_from=request.resume_from or None,
+            exclude_run=record.run_id,
+            read_policy=read_policy,
         )
         if source is not None and (not source.partial or task.split):
             sources[task.task_id] = source

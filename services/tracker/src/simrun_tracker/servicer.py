@@ -25,7 +25,8 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         self, request: tracker_pb2.SubmitRunRequest, context: grpc.ServicerContext
     ) -> tracker_pb2.SubmitRunResponse:
         record = self.tracker.submit(convert.submission(self.tracker.store, request), current_identity())
-        return tracker_pb2.SubmitRunResponse(run=convert.run_message(record))
+        # With units done: a retried request id returns its first run, which may be under way or over.
+        return tracker_pb2.SubmitRunResponse(run=convert.run_message(record, self.tracker.progress(record)))
 
     def GetRun(self, request: tracker_pb2.GetRunRequest, context: grpc.ServicerContext) -> tracker_pb2.GetRunResponse:
         record = self.tracker.get(request.run_id, current_identity())

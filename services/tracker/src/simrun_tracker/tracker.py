@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from simrun_core.config import DriverConfig
-from simrun_core.errors import FailedPrecondition, NotFound, PermissionDenied
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from simrun_core.identity import Identity, Priority
 from simrun_core.key_index import KeyIndex
 from simrun_core.resources import SplitMode
@@ -59,6 +59,10 @@ __all__ = [
 ]
 
 CANCEL_WAIT_S = 10.0
+MAX_REQUEST_ID_CHARS = 200
+"""The longest request id a submission may carry (a UUID is 36): it is kept in the run's record and the index."""
+REQUEST_LOCKS = 64
+"""Locks that serialize submissions with the same request id, shared by hash (a lock per id would never go)."""
 """Seconds `cancel` waits for the driver to carry the cancellation out before it answers."""
 
 
@@ -143,8 +147,7 @@ class RunTracker:
             telemetry=self.telemetry,
             keys=self.keys,
         )
-        self._requests: dict[tuple[str, str], threading.Lock] = {}
-        self._requests_lock = threading.Lock()
+        self._request_locks = [threading.Lock() for _ in range(REQUEST_LOCKS)]
         self.driver.recover(self.runs.load(self.keys.rebuild))
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -181,6 +184,11 @@ class RunTracker:
         """
         if not submission.request_id:
             return self._submit(submission, identity)
+        if len(submission.request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidArgument(
+                f"the request id is {len(submission.request_id)} characters, more than {MAX_REQUEST_ID_CHARS}: "
+                "pick a shorter one (a UUID is 36)"
+            )
         with self._request_lock(identity.name, submission.request_id):
             earlier = self.runs.index.find_request(identity.name, submission.request_id)
             if earlier is not None:
@@ -188,8 +196,7 @@ class RunTracker:
             return self._submit(submission, identity)
 
     def _request_lock(self, name: str, request_id: str) -> threading.Lock:
-        with self._requests_lock:
-            return self._requests.setdefault((name, request_id), threading.Lock())
+        return self._request_locks[hash((name, request_id)) % REQUEST_LOCKS]
 
     def _submit(self, submission: Submission, identity: Identity) -> RunRecord:
         run_id = new_run_id()
@@ -202,7 +209,7 @@ class RunTracker:
         if reserve:
             self.guard.check_reservation(identity, reserve)
         reuse = submission.reuse_request
-        check_request(reuse, list(workflow.order), identity, self._load_record)
+        check_request(reuse, list(workflow.order), identity, self._load_record, self.guard.policy)
         check_snapshots(self.store, submission.snapshots)
         environment = self.environments.resolve(submission.snapshots)
         if environment.state == EnvironmentState.FAILED:
@@ -264,7 +271,7 @@ class RunTracker:
     def _reuse(self, record: RunRecord, run: RunLayout, identity: Identity | RecordIdentity) -> None:
         """Puts in `run` the earlier results its tasks' keys find (a reused task is SUCCEEDED before it starts)."""
         request = ReuseRequest(ReusePolicy(record.reuse), record.resume_from or "", tuple(record.rerun))
-        sources = find_sources(record, self.keys, request, caller_identity(identity))
+        sources = find_sources(record, self.keys, request, caller_identity(identity), self.guard.policy)
         if not sources:
             return
         apply_reuse(record, run, self.store, sources)
@@ -349,7 +356,7 @@ class RunTracker:
                 f"environment {environment.environment_id} is {environment.state.value}: estimate once it is ready"
             )
         reuse = reuse or ReuseRequest()
-        check_request(reuse, list(workflow.order), identity, self._load_record)
+        check_request(reuse, list(workflow.order), identity, self._load_record, self.guard.policy)
         planned = self._plan(workflow, snapshots, identity, mode, "estimate", workflow.spec.reserve, environment)
         # The record the run would have, for its keys and the earlier results they find.
         record = RunRecord(
@@ -361,7 +368,7 @@ class RunTracker:
             environment=environment.environment_id,
         )
         self._set_keys(record, planned)
-        sources = find_sources(record, self.keys, reuse, identity)
+        sources = find_sources(record, self.keys, reuse, identity, self.guard.policy)
         estimates = []
         for task in planned:
             source = sources.get(task.task_id)
