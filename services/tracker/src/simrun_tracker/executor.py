@@ -200,6 +200,8 @@ class PodHistory:
     worker: str
     memory_kills: list[MemoryKill] = field(default_factory=list)
     attempts: int = 0
+    sigkills: int = 0
+    """Exits by SIGKILL without evidence of the OOM killer: after one the pod runs at its retry memory."""
 
 
 @dataclass(frozen=True)
@@ -263,7 +265,9 @@ class Executor(Protocol):
         ...
 
     def restore(self, recovery: RunRecovery) -> None:
-        """Re-applies what an active run's record says (reservation, memory kills, attempts) after a restart."""
+        """Re-applies what an active run's record says (memory kills, SIGKILLs, attempts, reservation) after a
+        restart; the pods' history is kept even where the reservation cannot be taken again (`NotFound`: its node
+        is gone)."""
         ...
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:

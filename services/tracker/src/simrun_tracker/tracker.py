@@ -455,10 +455,16 @@ class RunTracker:
         return self.reader.watch(run_id, alive)
 
     def logs(
-        self, run_id: str, task_id: str, worker: str = "", follow: bool = False, identity: Identity | None = None
+        self,
+        run_id: str,
+        task_id: str,
+        worker: str = "",
+        follow: bool = False,
+        identity: Identity | None = None,
+        alive: Callable[[], bool] = lambda: True,
     ) -> Iterator[tuple[str, str]]:
         self.get(run_id, identity)
-        return self.reader.logs(run_id, task_id, worker, follow)
+        return self.reader.logs(run_id, task_id, worker, follow, alive)
 
     def compare(self, run_ids: list[str], group: str = "", identity: Identity | None = None) -> Comparison:
         if identity is not None:
