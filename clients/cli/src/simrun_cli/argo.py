@@ -46,11 +46,12 @@ def _server_nodes(endpoint: str, token: str | None) -> tuple[list[Node], Priorit
     return nodes, priority_from_proto(identity.priority)
 
 
-def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Path, list[SnapshotRef]]:
-    """The interpreter to describe the model's types with, the root to describe them from and the run's snapshots,
-    as a submission has them: the model's working tree and its libraries snapshotted into
-    `<SIMRUN_HOME>/render/store`, their environment locked and built in `<SIMRUN_HOME>/render/environments` with
-    the config's index settings (once per lock); with `environments.kind: server`, this Python."""
+def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Path, list[SnapshotRef], tuple[Path, ...]]:
+    """The interpreter to describe the model's types with, the root to describe them from, the run's snapshots and
+    the folders of its library snapshots (which the describer may read), as a submission has them: the model's
+    working tree and its libraries snapshotted into `<SIMRUN_HOME>/render/store`, their environment locked and
+    built in `<SIMRUN_HOME>/render/environments` with the config's index settings (once per lock); with
+    `environments.kind: server`, this Python."""
     import dataclasses
     import sys
 
@@ -69,14 +70,15 @@ def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Pat
         snapshot = snapshot_to_store(tree, store.root).snapshot
         path = store.snapshot(snapshot.name, snapshot.snapshot_id).relative_to(store.root).as_posix()
         refs.append(SnapshotRef(name=snapshot.name, snapshot_id=snapshot.snapshot_id, path=path))
+    libraries = tuple(ref.resolve(store) for ref in refs[1:])
     if config.environments.kind == "server":
-        return sys.executable, refs[0].resolve(store), refs
+        return sys.executable, refs[0].resolve(store), refs, libraries
     # A venv to describe with, whatever the server builds for its pods (an image on a cluster).
     settings = dataclasses.replace(
         settings_from_config(config), root=cache / "environments", store=store.root, images=None
     )
     interpreter, root = model_environment(refs, settings, lambda line: click.echo(line, err=True))
-    return interpreter, root, refs
+    return interpreter, root, refs, libraries
 
 
 @click.command("render")
@@ -160,7 +162,7 @@ def render_command(
         run_priority = Priority(priority) if priority else run_priority
     text = workflow.read_text()
     parse_workflow(text, source=str(workflow))  # a bad workflow is refused before any environment is built
-    interpreter, model_root, snapshots = _model_environment(_model_root(workflow, model), config)
+    interpreter, model_root, snapshots, libraries = _model_environment(_model_root(workflow, model), config)
     describer = SubprocessDescriber()
     try:
         preview = preview_workflow(
@@ -174,6 +176,7 @@ def render_command(
             priority=run_priority,
             mode=SplitMode.SINGLE_SERVER if single_server else None,
             snapshots=snapshots,
+            libraries=libraries,
         )
     finally:
         describer.close()

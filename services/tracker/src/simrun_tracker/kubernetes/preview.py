@@ -69,8 +69,10 @@ def preview_workflow(
     mode: SplitMode | None = None,
     grace_s: float = 30.0,
     snapshots: list[SnapshotRef] | None = None,
+    libraries: tuple[Path, ...] = (),
 ) -> Preview:
-    """The Workflow the kubernetes executor would submit for a workflow file's run, nothing submitted.
+    """The Workflow the kubernetes executor would submit for a workflow file's run, nothing submitted; `libraries`
+    are the folders of the run's library snapshots, which the model's imports may read as at a submission.
 
     Raises:
         InvalidArgument: a bad workflow (unknown type, misspelled setting, unknown port, a cycle).
@@ -79,7 +81,7 @@ def preview_workflow(
     """
     workflow = parse_workflow(workflow_text)
     run_id = new_run_id()
-    descriptions = describe_tasks(describer, interpreter, model_root, workflow)
+    descriptions = describe_tasks(describer, interpreter, model_root, workflow, libraries)
     planned_nodes = reserving(nodes, run_id, workflow.spec.reserve)
     planned = plan_tasks(workflow, descriptions, HintLearner(), planned_nodes, model_root.name, priority, mode, run_id)
     record = RunRecord(
