@@ -27,7 +27,7 @@ from e2e_submit import TOKEN, config, model_repo, percentile
 from fake_executor import FakeExecutor
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
 from simrun_client.client import Client
-from simrun_core.identity import Priority
+from simrun_core.identity import Priority, TokenRegistry
 from simrun_core.resources import ResolvedResources, SplitMode
 from simrun_gateway.embedded import start_embedded
 from simrun_planner import Node, plan_task
@@ -87,9 +87,11 @@ def get_run_latency(root: Path, pods_delay_s: float, calls: int) -> tuple[float,
     executor = FakeExecutor(list(NODES), pods_delay_s=pods_delay_s)
     environments = ServerEnvironments()
     tracker = RunTracker(store, executor, NoLearner(), SubprocessDescriber(), environments, environments).start()
-    bound = create_server(tracker, "127.0.0.1:0", None).start()
+    # Every call carries an identity (the read policy needs one): the owner's token, as `simrun` sends it.
+    tokens = TokenRegistry.from_mapping({"owner": "bench", "tokens": {TOKEN: {"name": "bench"}}})
+    bound = create_server(tracker, "127.0.0.1:0", tokens).start()
     try:
-        with Client(f"127.0.0.1:{bound.port}", None) as client:
+        with Client(f"127.0.0.1:{bound.port}", TOKEN) as client:
             stub = tracker_pb2_grpc.RunTrackerServiceStub(client.channel)
             time.sleep(1.0)  # the driver is busy with its steps
             latencies = []

@@ -6,8 +6,8 @@ import threading
 import time
 
 import grpc
-from e2e_support import TOKENS, write_workflow
-from simrun.v1 import gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
+from e2e_support import TOKENS, wait_final, write_workflow
+from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
 from simrun_core.rpc.auth import bearer_metadata
 
 SLOW = """
@@ -102,3 +102,33 @@ def test_past_the_bound_of_concurrent_calls_a_call_is_refused_at_once(start_serv
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+TWO = """
+name: two
+tasks:
+  values:
+    type: e2etasks.tasks:Slow
+    settings: {units: 6, seconds: 0.5, seed: 5}
+  total:
+    type: e2etasks.tasks:Sum
+    inputs: {values: values.values}
+"""
+
+
+def test_following_the_logs_of_a_task_waiting_for_its_inputs_follows_it_to_its_end(
+    start_server, client_for, e2e_model
+) -> None:
+    server = start_server()
+    owner = client_for(server, "owner")
+    run = owner.submit(write_workflow(e2e_model, TWO, "two.yaml"))
+
+    def total_state() -> int:
+        return next(t.state for t in owner.get_run(run.run_id).tasks if t.task_id == "total")
+
+    assert total_state() == 1  # PENDING: its input is not done
+    text = "".join(chunk.lines for chunk in owner.logs(run.run_id, "total", follow=True, timeout_s=90))
+    assert "attempt 1 exited with exit code 0" in text, text
+    # The stream ends with the task's pods; the driver records the task's end a moment later.
+    assert wait_final(owner, run.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
+    assert total_state() == 4

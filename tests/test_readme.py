@@ -13,6 +13,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
@@ -42,6 +44,9 @@ def _free_endpoint() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
+# The walkthrough's own limit is 240 s (an environment built from PyPI, two runs): the suite's 120 s per test cut
+# it short on a loaded machine.
+@pytest.mark.timeout(300)
 def test_every_command_of_the_readme_runs_in_a_fresh_home(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from cluster_sim import (
     BATCH_ACTIONS,
@@ -13,6 +14,7 @@ from cluster_sim import (
     decode_batch_action,
     decode_online_action,
 )
+from cluster_sim.allocation import capped_quota
 
 MACHINES = (Machine("a", cpu=10, memory=10), Machine("b", cpu=20, memory=10))
 
@@ -62,3 +64,15 @@ def test_allocation_validation() -> None:
         Allocation((1,), "fifo", 1.5)
     with pytest.raises(ValueError, match=r"online_quota\[0\]"):
         Allocation((-1,), "fifo")
+
+
+def test_capped_quota_is_the_quota_capped_at_the_cores() -> None:
+    cpu = np.array([10.0, 20.0])
+    decoded = decode_actions(2, 1, [9.5, 3.0], MACHINES)
+    # decode_actions' own array, already capped at these machines' cores.
+    assert capped_quota(decoded, MACHINES, cpu) is capped_quota(decoded, MACHINES, cpu)
+    assert capped_quota(decoded, MACHINES, cpu).tolist() == [10.0, 7.0]
+    # Any other allocation, or another machine list, is converted and capped afresh.
+    other_machines = (Machine("a", cpu=10, memory=10), Machine("b", cpu=5, memory=10))
+    assert capped_quota(decoded, other_machines, np.array([10.0, 5.0])).tolist() == [10.0, 5.0]
+    assert capped_quota(Allocation((12.0, 1.5)), MACHINES, cpu).tolist() == [10.0, 1.5]

@@ -335,3 +335,17 @@ def test_a_copy_mid_run_continues_as_the_original() -> None:
     for simulator in copies:
         assert simulator.report() == expected
         np.testing.assert_array_equal(simulator.observe().batch_cpu_in_use, original.observe().batch_cpu_in_use)
+
+
+def test_the_observation_built_by_its_slots_is_the_dataclass() -> None:
+    from dataclasses import FrozenInstanceError, fields
+
+    from cluster_sim.models import SimulationObservation, new_observation
+
+    arrays = [np.full(2, float(k)) for k in range(6)]
+    values = (12.5, *arrays, 3, 4, 5, 6, 7.25, ())
+    built, constructed = new_observation(*values), SimulationObservation(*values)
+    assert [getattr(built, f.name) for f in fields(built)] == [getattr(constructed, f.name) for f in fields(built)]
+    assert all(getattr(built, f.name) is value for f, value in zip(fields(built), values, strict=True))
+    with pytest.raises(FrozenInstanceError):
+        built.time = 0.0  # type: ignore[misc]

@@ -60,6 +60,8 @@ def test_best_fit_equals_the_full_comparison(
             free_cpu[machine], free_memory[machine] = new_cpu, new_memory
         assert index.cpu == free_cpu.tolist() and index.memory == free_memory.tolist()
         assert index.max_cpu == free_cpu.max() and index.max_memory == free_memory.max()
+        for threshold in (0.0, 2.0, -1.5):
+            assert sorted(index.below(threshold)) == np.flatnonzero(free_cpu < threshold).tolist()
         for process_cpu, process_memory in asked:
             assert index.best_fit(process_cpu, process_memory) == reference_best_fit(
                 free_cpu, free_memory, process_cpu, process_memory

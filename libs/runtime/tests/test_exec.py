@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from simrun_runtime.record import RunRecord
 from simrun_runtime.reports import WorkerEnd
 
@@ -107,3 +109,38 @@ def test_a_run_dir_laid_out_by_the_cli_runs_with_the_installed_scripts(tmp_path:
     done = subprocess.run([scripts / "simrun-worker"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads((run_dir / "tasks" / "scan" / "out" / "summary.json").read_text())["points"] == 5
+
+
+def test_a_child_that_dies_is_said_in_words() -> None:
+    from simrun_runtime.pod import Stopper, death_of, run_in_child
+
+    assert death_of(-11) == "died of SIGSEGV (exit code 139)"
+    assert death_of(3) == "exited with status 3 (os._exit or a C library's exit)"
+    # SIGUSR1, which pytest's faulthandler leaves alone in the forked child
+    outcome = run_in_child(lambda: os.kill(os.getpid(), signal.SIGUSR1), Stopper())
+    assert outcome.error == "the process died of SIGUSR1 (exit code 138)"
+
+
+@pytest.mark.parametrize("kind", ["callable", "command"])
+def test_an_unsplit_task_past_the_workflows_time_limit_is_killed_and_fails_naming_it(
+    pods: Any, helpers: Any, kind: str
+) -> None:
+    if kind == "callable":
+        run = pods.lay_out("slow-total", "scan", SCAN, {"points": 2})
+        assert pods.run(pods.env(run, "scan")).returncode == 0
+        pods.lay_out("slow-total", "t", "simrun_toymodel:Total", {"sleep_s": 120}, inputs={"table": "scan.table"})
+    else:
+        run = pods.lay_out("slow-shell", "t", "simrun_toymodel:Shell", {"sleep_s": 120})
+    started = time.monotonic()
+    done = pods.run(pods.env(run, "t", None, merge=False, SIMRUN_UNIT_TIMEOUT_S="1"), module="execute", timeout=60)
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1, done.stderr
+    failure = json.loads(run.task("t").failure.read_text())
+    assert failure["exception"] == "UnitTimeout" and failure["unit"] is None
+    assert failure["message"] == (
+        "task 't' failed on worker exec: UnitTimeout: task 't' ran past its time limit of 1 s on worker exec "
+        "and was killed"
+    )
+    (report,) = helpers.reports_of(run.task("t"))
+    assert report.ended == WorkerEnd.FAILED and report.exit_code == 1
+    assert not run.task("t").out.exists()

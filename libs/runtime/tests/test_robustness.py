@@ -38,6 +38,96 @@ def test_a_hanging_unit_is_killed_at_its_limit_and_the_task_goes_on(pods: Any, h
     assert not task.failure.exists() and Ledger.of(task).failed() == []
 
 
+def test_a_unit_whose_process_crashes_is_retried_and_the_task_goes_on(pods: Any, tmp_path: Path) -> None:
+    """A unit that kills its own process (a C extension's segfault) fails that unit alone, not the pod."""
+    expected = pods.lay_out("expected", "scan", SCAN, {"points": 6})
+    assert pods.run(pods.env(expected, "scan")).returncode == 0
+    run = pods.lay_out("crash", "scan", SCAN, {"points": 6, "crash_unit": 2, "crash_once": str(tmp_path / "crashed")})
+    task = run.task("scan")
+    done = pods.run(pods.env(run, "scan", processes=2), timeout=60)
+    assert done.returncode == 0, done.stderr
+    said = "the process computing unit 2 on worker w0 died of SIGSEGV (exit code 139)"
+    retried = "unit 2 failed on worker w0 (attempt 1 of 2), given back for another try"
+    assert f"{retried}: UnitCrashed: {said}" in done.stderr
+    assert json.loads(task.summary.read_text()) == json.loads(expected.task("scan").summary.read_text())
+    assert not task.failure.exists() and Ledger.of(task).failed() == []
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [("abort", "died of SIGABRT (exit code 134)"), ("exit", "exited with status 3 (os._exit or a C library's exit)")],
+)
+def test_a_unit_crashing_every_time_fails_the_task_naming_the_unit_and_how(pods: Any, how: str, said: str) -> None:
+    run = pods.lay_out(f"crash-{how}", "scan", SCAN, {"points": 4, "crash_unit": 1, "crash_how": how})
+    task = run.task("scan")
+    done = pods.run(pods.env(run, "scan", processes=2), timeout=60)
+    assert done.returncode == 1, done.stderr
+    failure = json.loads(task.failure.read_text())
+    assert failure["unit"] == 1 and failure["worker"] == "w0" and failure["exception"] == "UnitCrashed"
+    assert failure["message"] == (
+        f"unit 1 failed on worker w0 (attempt 2 of 2): UnitCrashed: the process computing unit 1 on worker w0 {said}"
+    )
+    assert not task.merge_marker.exists() and not task.out.exists()
+
+
+def test_a_unit_killed_at_its_limit_takes_its_subprocesses_with_it(pods: Any, tmp_path: Path) -> None:
+    """A unit hanging in a program it started (a solver, a simulator binary): killing the pool process alone
+    would leave that program computing, orphaned, for as long as the pod lives and beyond."""
+    child_pid = tmp_path / "child.pid"
+    settings = {"points": 4, "hang_unit": 1, "hang_once": str(tmp_path / "hung"), "hang_child": str(child_pid)}
+    run = pods.lay_out("hang-child", "scan", SCAN, settings)
+    done = pods.run(pods.env(run, "scan", processes=2, SIMRUN_UNIT_TIMEOUT_S="1"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "unit 1 ran past its time limit of 1 s on worker w0 and was killed" in done.stderr
+    pid = int(child_pid.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the unit's `sleep` outlived the unit killed at its time limit"
+
+
+def test_a_units_subprocesses_get_sigterm_and_sigint_as_programs_expect(pods: Any, tmp_path: Path) -> None:
+    """The pool ignores SIGTERM (the pod's main process decides how it stops), but a program a unit starts must not
+    inherit that: `timeout 60 solver`, an MPI launcher, a solver's own clean-up all rely on SIGTERM."""
+    seen = tmp_path / "signals"
+    run = pods.lay_out("signals", "scan", SCAN, {"points": 2, "signals_to": str(seen)})
+    done = pods.run(pods.env(run, "scan"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert seen.read_text() == "True True"  # the defaults, as in any program started from a shell
+
+
+def test_a_unit_whose_program_dies_of_the_pods_sigterm_is_given_back_without_a_failure(
+    pods: Any, helpers: Any, tmp_path: Path
+) -> None:
+    """Stopping a pod sends SIGTERM to its process group, which now reaches the programs units started: such a unit
+    fails of the stop, not of itself, and must be given back untouched (no failure counted against its retries)."""
+    child_pid = tmp_path / "child.pid"
+    settings = {"points": 3, "hang_unit": 1, "hang_once": str(tmp_path / "hung"), "hang_child": str(child_pid)}
+    settings["sleep_s"] = 0.2
+    run = pods.lay_out("stop-child", "scan", SCAN, settings)
+    task = run.task("scan")
+    process = pods.start(pods.env(run, "scan", processes=2, grace_s=5))
+    helpers.wait_for(child_pid.exists, message="the unit's program started")
+    os.killpg(process.pid, signal.SIGTERM)
+    code, _, err = helpers.finish(process, timeout=30)
+    assert code == 143, err
+    ledger = Ledger.of(task)
+    assert ledger.failed() == [] and not task.failure.exists()
+    assert all(unit.failures == 0 for unit in ledger._entries(ledger.layout.pending)), err
+    assert "given back for another try" not in err
+    done = pods.run(pods.env(run, "scan"), timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert sorted(helpers.progress_units(task)) == [0, 1, 2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_unit_hanging_every_time_fails_the_task_at_the_types_own_limit(pods: Any) -> None:
     run = pods.lay_out("hang-always", "scan", "simrun_toymodel:QuickHang", {"points": 3, "hang_unit": 1})
     task = run.task("scan")

@@ -194,3 +194,24 @@ def test_describe_serve_answers_one_line_per_line_until_stdin_closes() -> None:
     assert answers[0][0]["description"]["units"] == 3
     assert answers[1][0]["ok"] is False and "not a describe request" in answers[1][0]["error"]
     assert answers[2][0]["description"]["settings_errors"] == ["unknown setting 'pionts' (did you mean 'points'?)"]
+
+
+def test_an_import_error_says_where_dependencies_and_the_model_come_from(tmp_path: Path) -> None:
+    with_project = tmp_path / "with"
+    (with_project / "needsdep").mkdir(parents=True)
+    (with_project / "pyproject.toml").write_text('[project]\nname = "needsdep"\nversion = "0"\ndependencies = []\n')
+    (with_project / "needsdep" / "__init__.py").write_text("")
+    (with_project / "needsdep" / "tasks.py").write_text("import simrun_absent_dependency.sub\n")
+    with pytest.raises(TaskTypeError) as refused:
+        load_task_type("needsdep.tasks:Scan", with_project)
+    assert "No module named 'simrun_absent_dependency'" in str(refused.value)
+    assert "add the package that provides 'simrun_absent_dependency' to the dependencies of the model's" in str(
+        refused.value
+    )
+    bare = tmp_path / "bare"
+    (bare / "baremodel").mkdir(parents=True)
+    (bare / "baremodel" / "__init__.py").write_text("import simrun_absent_dependency\n")
+    with pytest.raises(TaskTypeError, match=r"a model without pyproject\.toml runs in simrun's own Python"):
+        load_task_type("baremodel:Scan", bare)
+    with pytest.raises(TaskTypeError, match=r"is the model root right\? .*\(give --model FOLDER\)"):
+        load_task_type("simrun_not_here.tasks:Scan", tmp_path)

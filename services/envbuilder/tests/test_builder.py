@@ -69,7 +69,26 @@ def test_a_dependency_change_is_a_new_environment(builder, kit) -> None:
     assert one.environment_id != two.environment_id
     assert run_probe(two.interpreter, "import tinydep; print(tinydep.VERSION)") == "2.0"
     # The second lock was seeded by the first (the model's previous lock) and still moved what changed.
-    assert (builder.root / "models" / "tinymodel.lock").read_bytes() == builder.lock_of(two.environment_id)
+    assert (builder.root / "models" / "tinymodel.tinymodel.lock").read_bytes() == builder.lock_of(two.environment_id)
+
+
+def test_a_models_previous_lock_seeds_that_model_only_not_another_in_a_folder_of_the_same_name(builder, kit) -> None:
+    """Seeding keeps a model's versions from one lock to the next; another project whose folder happens to have the
+    same name (`model`, `src`) must not inherit them."""
+    alpha = build(builder, kit, [kit.snapshot("model", kit.model_files(name="alpha", dependencies=("tinydep<2",)))])
+    assert "tinydep==1.0" in alpha.packages
+    beta = build(builder, kit, [kit.snapshot("model", kit.model_files(name="beta", dependencies=("tinydep",)))])
+    assert "tinydep==2.0" in beta.packages, "beta was locked with alpha's lock as its seed"
+    again = build(builder, kit, [kit.snapshot("model", kit.model_files(name="alpha", dependencies=("tinydep",)))])
+    assert "tinydep==1.0" in again.packages, "alpha's own previous lock keeps its version"
+
+
+def test_a_models_uv_lock_that_uv_cannot_read_is_left_out_and_said(builder, kit, caplog) -> None:
+    files = {**kit.model_files(), "uv.lock": "garbage = [\n"}
+    with caplog.at_level("WARNING", logger="simrun_envbuilder.lock"):
+        env = build(builder, kit, [kit.snapshot("tinymodel", files)])
+    assert "tinydep==1.0" in env.packages
+    assert any("was not usable, locked afresh" in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_a_new_comment_in_the_pyproject_locks_again_but_builds_nothing(builder, kit) -> None:

@@ -11,14 +11,17 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from simrun_core.config import EnvironmentsConfig, ImagesConfig, ServerConfig
 from simrun_core.errors import InvalidArgument
 from simrun_envbuilder.builder import BuilderSettings, EnvironmentBuilder, EnvironmentState
+from simrun_envbuilder.convert import settings_from_config
 from simrun_envbuilder.image import ImageSettings, RegistryClient, RegistryError, render_dockerfile
 
 REGISTRY_BINARY = "/usr/bin/docker-registry"
@@ -74,30 +77,44 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real distribution registry on loopback; `scripts/test` installs Debian's docker-registry when missing."""
+def serve_registry(folder: Path, storage: Path, auth: str = "") -> tuple[str, subprocess.Popen[bytes]]:
+    """A real distribution registry on loopback storing in `storage` (`auth`: a config's `auth:` value)."""
     if not os.access(REGISTRY_BINARY, os.X_OK):
         pytest.skip("Debian's docker-registry is not installed (scripts/test installs it)")
-    folder = tmp_path_factory.mktemp("registry")
+    folder.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{free_port()}"
     (folder / "config.yml").write_text(
-        f"version: 0.1\nlog: {{level: error}}\nstorage: {{filesystem: {{rootdirectory: {folder / 'data'}}}}}\n"
-        f"http: {{addr: {address}}}\n"
+        f"version: 0.1\nlog: {{level: error}}\nstorage: {{filesystem: {{rootdirectory: {storage}}}}}\n"
+        f"http: {{addr: {address}}}\n" + (f"auth: {auth}\n" if auth else "")
     )
     proc = subprocess.Popen(
         [REGISTRY_BINARY, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            urllib.request.urlopen(f"http://{address}/v2/", timeout=1).close()
+            return address, proc
+        except urllib.error.HTTPError:
+            return address, proc  # it answers (401 with auth)
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                proc.wait()
+                raise AssertionError("the registry did not start") from None
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def registry_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("registry")
+
+
+@pytest.fixture(scope="module")
+def registry(registry_folder: Path) -> Iterator[str]:
+    """A real distribution registry on loopback; `scripts/test` installs Debian's docker-registry when missing."""
+    address, proc = serve_registry(registry_folder / "open", registry_folder / "data")
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://{address}/v2/", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError("the registry did not start") from None
-                time.sleep(0.1)
         yield address
     finally:
         proc.terminate()
@@ -128,6 +145,54 @@ def test_the_registry_client_tells_missing_from_present_and_never_guesses(regist
     down = RegistryClient(image_settings(f"127.0.0.1:{free_port()}"))
     with pytest.raises(RegistryError, match="cannot reach"):
         down.digest("simrun/environments", "present")
+
+
+# `simrun:s3cret`, bcrypt (the only hash distribution's htpasswd accepts), made once with crypt(3).
+HTPASSWD = "simrun:$2b$04$9wdhjsUsk338AAq6cz.x.etaYWHcFFalNqG8f..9crT3Ys/8XyXKi\n"
+
+
+def test_the_registry_client_follows_a_credentials_challenge(registry: str, registry_folder: Path) -> None:
+    """A registry with htpasswd auth on the same storage as the open one: the client answers its 401 challenge with
+    the configured credentials, and a missing or wrong credential is an error, never "the image is missing"."""
+    pushed = push(registry, "simrun/environments", "guarded", "y")
+    (registry_folder / "htpasswd").write_text(HTPASSWD)
+    auth = f"{{htpasswd: {{realm: simrun-test, path: {registry_folder / 'htpasswd'}}}}}"
+    address, proc = serve_registry(registry_folder / "guarded", registry_folder / "data", auth)
+    try:
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(f"http://{address}/v2/simrun/environments/manifests/guarded", timeout=5)
+        (registry_folder / "password").write_text("s3cret\n")
+        config = ServerConfig(
+            home=registry_folder / "home",
+            environments=EnvironmentsConfig(
+                kind="image",
+                images=ImagesConfig(
+                    registry=address,
+                    base_images={"3.11": BASE},
+                    insecure=True,
+                    username="simrun",
+                    password_file=registry_folder / "password",
+                ),
+            ),
+        )
+        settings = settings_from_config(config).images
+        assert settings is not None and settings.password == "s3cret"
+        client = RegistryClient(settings)
+        assert client.digest("simrun/environments", "guarded") == pushed
+        assert client.digest("simrun/environments", "nothere") is None
+        with pytest.raises(RegistryError, match="asks for credentials and none are configured"):
+            RegistryClient(image_settings(address)).digest("simrun/environments", "guarded")
+        wrong = RegistryClient(replace(image_settings(address), username="simrun", password="wrong"))
+        with pytest.raises(RegistryError, match="refused the credentials"):
+            wrong.digest("simrun/environments", "guarded")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    unreadable = config.model_copy(deep=True)
+    assert unreadable.environments.images is not None
+    unreadable.environments.images.password_file = registry_folder / "nope"
+    with pytest.raises(InvalidArgument, match=r"environments\.images\.password_file: cannot read .*nope"):
+        settings_from_config(unreadable)
 
 
 def test_the_dockerfile_has_the_concepts_pages_layers() -> None:

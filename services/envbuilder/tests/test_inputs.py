@@ -8,6 +8,7 @@ from pathlib import PurePosixPath
 import pytest
 from simrun_core.errors import InvalidArgument, NotFound
 from simrun_envbuilder.inputs import read_inputs, tree_places
+from simrun_envbuilder.lock import reason
 from simrun_envbuilder.pythons import Interpreter, choose, installed
 from simrun_runtime.layout import StoreLayout
 
@@ -66,3 +67,55 @@ def test_the_python_is_the_servers_when_it_fits_else_the_newest_that_does() -> N
     with pytest.raises(InvalidArgument, match="bad requires-python"):
         choose("three", pythons)
     assert any(i.path == sys.executable for i in installed())
+
+
+@pytest.mark.parametrize(
+    ("dependencies", "said"),
+    [
+        ('["tinydep>=!!1.3"]', "'tinydep>=!!1.3' is not a requirement (Expected"),
+        ('"tinydep"', "dependencies must be a list of requirements"),
+        ('["tinydep", 3]', "dependencies must be a list of requirements"),
+    ],
+)
+def test_a_dependency_that_is_no_requirement_is_refused_naming_it_before_uv(kit, dependencies: str, said: str) -> None:
+    store = StoreLayout(kit.store)
+    files = kit.model_files()
+    files["pyproject.toml"] = files["pyproject.toml"].replace(
+        'dependencies = ["tinydep==1.0"]', f"dependencies = {dependencies}"
+    )
+    assert f"dependencies = {dependencies}" in files["pyproject.toml"]
+    with pytest.raises(InvalidArgument, match=r"cannot be locked: tinymodel/pyproject\.toml") as refused:
+        read_inputs(store, [kit.snapshot("tinymodel", files)])
+    assert said in str(refused.value)
+    optional = kit.model_files(extra='\n[project.optional-dependencies]\nplots = ["matplotlib>"]\n')
+    with pytest.raises(InvalidArgument, match=r"optional-dependencies.plots: 'matplotlib>' is not a requirement"):
+        read_inputs(store, [kit.snapshot("tinymodel", optional)])
+
+
+def test_a_build_backends_traceback_is_cut_to_its_exception() -> None:
+    stderr = """Using CPython 3.11.7 interpreter at: /usr/bin/python3
+error: Failed to build `bv @ file:///tmp/bv`
+  cause: The build backend returned an error
+  cause: Call to `hatchling.build.prepare_metadata_for_build_editable` failed (exit status: 1)
+
+         [stderr]
+         Traceback (most recent call last):
+           File "<string>", line 14, in <module>
+           File "/root/.cache/uv/builds-v0/.tmp/lib/python3.11/site-packages/hatchling/build.py", line 142, in x
+             f.write(builder.config.core_metadata_constructor(builder.metadata))
+                     ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+           File "/root/.cache/uv/builds-v0/.tmp/lib/python3.11/site-packages/hatchling/metadata/core.py", line 1223
+             raise ValueError(message) from None
+         ValueError: Dependency #1 of field `project.dependencies` is invalid: Expected semicolon
+             mpmath>=!!1.3
+                   ^
+
+hint: Build failures usually indicate a problem with the package or the build environment
+"""
+    said = reason(stderr)
+    assert "File " not in said and "Traceback" not in said
+    assert "error: Failed to build `bv @ file:///tmp/bv`" in said
+    assert "ValueError: Dependency #1 of field `project.dependencies` is invalid" in said
+    assert "mpmath>=!!1.3" in said and said.endswith("build environment")
+    plain = "error: No solution found\\n  cause: Because nosuch was not found we can conclude"
+    assert reason(plain) == plain

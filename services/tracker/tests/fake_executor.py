@@ -19,6 +19,7 @@ from simrun_tracker.executor import (
     COORDINATOR,
     ChangeListener,
     MemoryKill,
+    PodHistory,
     PodPhase,
     PodSpec,
     PodStatus,
@@ -54,7 +55,7 @@ class FakeExecutor:
         self._pods: dict[str, _Pod] = {}
         self._by_run: dict[str, list[str]] = {}
         self._reservations: dict[str, str] = {}
-        self._history: dict[tuple[str, str, str], tuple[list[MemoryKill], int]] = {}
+        self._history: dict[tuple[str, str, str], PodHistory] = {}
         self._listeners: list[ChangeListener] = []
         self._runs: dict[str, RunSpec] = {}
         self._logs: dict[tuple[str, str, str], list[str]] = {}
@@ -79,9 +80,18 @@ class FakeExecutor:
             for spec in pods:
                 if spec.pod_id in self._pods:
                     continue
-                kills, attempts = self._history.pop((spec.run_id, spec.task_id, spec.worker), ([], 0))
-                memory = spec.retry_memory_gb if kills else spec.memory_gb
-                status = PodStatus(spec, PodPhase.PENDING, memory_gb=memory, attempts=attempts, memory_kills=kills)
+                history = self._history.pop((spec.run_id, spec.task_id, spec.worker), None)
+                kills = list(history.memory_kills) if history else []
+                sigkills = history.sigkills if history else 0
+                memory = spec.retry_memory_gb if kills or sigkills else spec.memory_gb
+                status = PodStatus(
+                    spec,
+                    PodPhase.PENDING,
+                    memory_gb=memory,
+                    attempts=history.attempts if history else 0,
+                    memory_kills=kills,
+                    sigkills=sigkills,
+                )
                 self._pods[spec.pod_id] = _Pod(status, priority_value(spec.priority_class), self._next())
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
             self._admit()
@@ -141,17 +151,34 @@ class FakeExecutor:
                 self._runs.pop(run_id, None)
 
     def restore(self, recovery: RunRecovery) -> None:
-        if recovery.reservation:
-            self.reserve(recovery.reservation, recovery.run_id)
         with self._lock:
             for pod in recovery.pods:
-                self._history[(recovery.run_id, pod.task_id, pod.worker)] = (list(pod.memory_kills), pod.attempts)
+                self._history[(recovery.run_id, pod.task_id, pod.worker)] = pod
+        if recovery.reservation:
+            self.reserve(recovery.reservation, recovery.run_id)
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
-        with self._lock:
-            found = [(k[2], v) for k, v in self._logs.items() if k[:2] == (run_id, task_id) and worker in ("", k[2])]
-        for name, lines in sorted(found):
-            yield f"{name}.log", "".join(lines)
+        """What the test wrote of the task's pods; with `follow`, new lines until the task's pods are final."""
+        sent: dict[str, int] = {}
+        while True:
+            with self._lock:
+                found = [
+                    (k[2], list(v))
+                    for k, v in self._logs.items()
+                    if k[:2] == (run_id, task_id) and worker in ("", k[2])
+                ]
+                live = follow and any(
+                    not self._pods[p].status.phase.final
+                    for p in self._by_run.get(run_id, [])
+                    if self._pods[p].status.spec.task_id == task_id
+                )
+            for name, lines in sorted(found):
+                if len(lines) > sent.get(name, 0):
+                    yield f"{name}.log", "".join(lines[sent.get(name, 0) :])
+                    sent[name] = len(lines)
+            if not live:
+                return
+            time.sleep(0.02)
 
     def close(self) -> None:
         return None

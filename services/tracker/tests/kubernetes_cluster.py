@@ -2,11 +2,11 @@
 
 A controller thread does, every few milliseconds, what the two controllers would: for each Workflow, Argo makes a
 pod per DAG node (`-w0`, each `-extra` item, `-merge`) once the nodes it depends on succeeded, and a new attempt
-after an exit its retry strategy retries
-(137 with the retry patch's memory, 143, a deleted pod), and ends running pods with 143 once the Workflow is shut
-down; Kueue admits gated pods by the local adapter's admission function (`simrun_tracker.local.admission.decide`,
-Kueue's rules as a pure function), preempts lower priorities (marks, 143, deletes) and, as a NoExecute taint does,
-evicts other runs' pods from a reserved node. It plays no scheduler beyond that and knows nothing of the adapter.
+after an exit its retry strategy retries (137 with the retry patch's memory, 143, a deleted pod), ends running pods
+with 143 once the Workflow is shut down, and marks the Workflow Succeeded once every node ended; Kueue admits gated
+pods by the local adapter's admission function (`simrun_tracker.local.admission.decide`, Kueue's rules as a pure
+function), preempts lower priorities (marks, 143, deletes) and, as a NoExecute taint does, evicts other runs' pods
+from a reserved node. It plays no scheduler beyond that and knows nothing of the adapter.
 """
 
 from __future__ import annotations
@@ -107,12 +107,11 @@ class ScriptedCluster:
                     self._end_workflow(wf, "Failed", "Stopped with strategy 'Terminate'")
                 continue
             templates = {t["name"]: t for t in wf["spec"]["templates"]}
-            if all((run_id, task["template"]) in self._succeeded for task in templates["run"]["dag"]["tasks"]):
-                self._end_workflow(wf, "Succeeded", "")
-                continue
+            finished = True
             for task in templates["run"]["dag"]["tasks"]:
                 needs = [w.strip() for w in task.get("depends", "").split("&&") if w.strip()]
                 if any((run_id, need) not in self._succeeded for need in needs):
+                    finished = False
                     continue  # Argo starts a DAG node once the nodes it depends on succeeded
                 workers = ["w0" if task["name"].endswith("-w0") else "merge"]
                 if "withSequence" in task:
@@ -126,6 +125,17 @@ class ScriptedCluster:
                         mine,
                         int(templates[task["template"]]["retryStrategy"]["limit"]),
                     )
+                    tried = self._tried.get((run_id, task["template"], worker), [])
+                    ended = bool(tried) and (tried[-1] == 0 or ("continueOn" in task and tried[-1] not in RETRIED))
+                    live = any(
+                        self._key.get(p["metadata"]["name"]) == (run_id, task["template"], worker)
+                        and p["status"].get("phase") in ("Pending", "Running")
+                        for p in self.api.cluster.items("pods")
+                    )
+                    finished = finished and ended and not live
+            if finished:
+                # Every node ended (extra workers may fail: continueOn): Argo ends the Workflow itself.
+                self._end_workflow(wf, "Succeeded", "")
 
     def _end_workflow(self, wf: Obj, phase: str, message: str) -> None:
         def end(obj: Obj) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from simrun_core.errors import FailedPrecondition
-from simrun_runtime.describe import DescribeRequest
+from simrun_runtime.confine import landlock_abi
+from simrun_runtime.describe import DescribeRequest, DescribeResponse
 from simrun_tracker.describer import SubprocessDescriber
 from simrun_tracker.local.confinement import PodConfinement
 
@@ -58,5 +59,38 @@ def test_concurrent_submissions_of_a_model_get_a_second_describer_and_one_at_a_t
         with ThreadPoolExecutor(max_workers=4) as pool:
             at_once = set(pool.map(pid_of, [1.0] * 4))
         assert len(at_once) == 2 and one_at_a_time < at_once  # two describers at most, the first one among them
+    finally:
+        describer.close()
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+def test_a_confined_describer_reads_the_library_snapshots_it_is_given_and_no_other(tmp_path: Path) -> None:
+    """A model importing a library whose editable install is a finder (setuptools), not a `sys.path` line: the
+    import reads the library's snapshot, which the describer must allow as the run's pods do."""
+    model, library, other = tmp_path / "model", tmp_path / "lib", tmp_path / "other"
+    for folder in (model, library, other):
+        folder.mkdir()
+    (library / "data.txt").write_text("from the library")
+    (other / "data.txt").write_text("from elsewhere")
+    (model / "uselib.py").write_text(
+        "import sys\nfrom pathlib import Path\nfrom simrun_runtime.tasktype import TaskSettings, UnsplitTaskType\n"
+        "class Settings(TaskSettings):\n    folder: str = ''\n"
+        "class Task(UnsplitTaskType):\n    Settings = Settings\n"
+        "    def cost_value(self, settings):\n        return (Path(settings.folder) / 'data.txt').read_text()\n"
+        "    def run(self, settings, context):\n        return {}\n"
+    )
+    describer = SubprocessDescriber(timeout_s=30, confinement=PodConfinement("landlock"))
+
+    def read(folder: Path) -> DescribeResponse:
+        request = DescribeRequest(type="uselib:Task", settings={"folder": str(folder)})
+        (response,) = describer.describe(sys.executable, model, [request], (library,))
+        return response
+
+    try:
+        found = read(library)
+        assert found.ok, found.error
+        assert found.description is not None and found.description.cost_value == "from the library"
+        refused = read(other)
+        assert not refused.ok and "Permission denied" in (refused.error or "")
     finally:
         describer.close()

@@ -5,6 +5,7 @@ adapter that orders tasks itself."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord, Tas
 from simrun_tracker.driver import Driver
 from simrun_tracker.executor import TaskOrdering
 from simrun_tracker.ports import Environment, EnvironmentState
+from simrun_tracker.reads import RunReader
 from simrun_tracker.runstore import RunStore
 
 NODES = [Node("n1", cores=4, memory_gb=16)]
@@ -424,3 +426,127 @@ def test_the_safety_net_finds_every_lost_event_in_turn_and_visits_a_bounded_shar
         world.executor.exit(run_id, "fit")
     for run_id in runs:  # only the safety net can see these: 2 a tick, every run in its turn
         assert world.until(lambda r: r.state.final, run_id=run_id).state == RunState.SUCCEEDED
+
+
+def test_following_the_logs_of_a_task_not_started_waits_for_it_then_ends_with_it(make_world) -> None:
+    world = make_world()
+    world.submit(task("scan", split=True), task("report", inputs={"points": "scan.points"}))
+    world.until(running)
+    reader = RunReader(world.runs, world.executor)
+    lines: list[tuple[str, str]] = []
+    follower = threading.Thread(target=lambda: lines.extend(reader.logs("r1", "report", follow=True)))
+    follower.start()
+    time.sleep(0.3)
+    assert follower.is_alive(), "following a task whose inputs are not done ended before the task started"
+    world.merged("scan")
+    world.executor.exit("r1", "scan")
+    world.until(lambda r: r.tasks["report"].state == TaskState.RUNNING)
+    world.executor.write_log("r1", "report", "w0", "reporting\n")
+    world.executor.exit("r1", "report")
+    follower.join(timeout=10)
+    assert not follower.is_alive() and lines == [("w0.log", "reporting\n")]
+
+
+def test_following_the_logs_of_a_task_that_never_starts_ends_with_its_run(make_world) -> None:
+    world = make_world()
+    world.submit(task("scan", split=True), task("report", inputs={"points": "scan.points"}))
+    world.until(running)
+    reader = RunReader(world.runs, world.executor)
+    lines: list[tuple[str, str]] = []
+    follower = threading.Thread(target=lambda: lines.extend(reader.logs("r1", "report", follow=True)))
+    follower.start()
+    world.executor.exit("r1", "scan", code=1)
+    follower.join(timeout=10)
+    assert not follower.is_alive() and lines == []
+    assert world.state().tasks["report"].state == TaskState.CANCELLED
+
+
+def test_following_stops_waiting_once_its_caller_has_gone(make_world) -> None:
+    world = make_world()
+    world.submit(task("scan", split=True), task("report", inputs={"points": "scan.points"}))
+    world.until(running)
+    listening = threading.Event()
+    listening.set()
+    follower = threading.Thread(
+        target=lambda: list(RunReader(world.runs, world.executor).logs("r1", "report", "", True, listening.is_set))
+    )
+    follower.start()
+    time.sleep(0.2)
+    listening.clear()
+    follower.join(timeout=5)
+    assert not follower.is_alive()
+
+
+def test_a_cancel_is_carried_out_while_the_run_backs_off(make_world) -> None:
+    config = DriverConfig(backoff_initial_s=30, backoff_max_s=30, give_up_s=600, tick_s=0.5)
+    world = make_world(Flaky(10**6, nodes=list(NODES)), config=config)
+    world.submit(task("fit"))
+    world.until(lambda r: world.driver.steps >= 1 and "r1" in world.driver._backoff)
+    with world.runs.run_lock("r1"):
+        record = world.state()
+        record.cancel_requested = True
+        record.message = "cancelled by bob"
+        world.runs.save(record)
+    record = world.until(lambda r: r.state.final, timeout_s=5)
+    assert (record.state, record.message) == (RunState.CANCELLED, "cancelled by bob")
+
+
+class Unreleasing(FakeExecutor):
+    """Its reservations cannot be released: the step that ends a run fails, and so does failing the run."""
+
+    def release(self, run_id):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the node's taint cannot be removed")
+
+
+def test_a_run_whose_end_cannot_be_carried_out_does_not_stop_the_driver_for_other_runs(make_world) -> None:
+    config = DriverConfig(backoff_initial_s=0.05, backoff_max_s=0.1, give_up_s=0.3, tick_s=0.5)
+    world = make_world(
+        Unreleasing([Node("n1", cores=4, memory_gb=16), Node("n2", cores=4, memory_gb=16)]), config=config
+    )
+    world.submit(task("fit"), reserve="n1")
+    world.until(running)
+    world.executor.exit("r1", "fit")
+    time.sleep(1.0)  # the end fails, backs off, gives up, and failing the run fails too
+    world.submit(task("fit"), run_id="r2")
+    world.until(running, run_id="r2")
+    world.executor.exit("r2", "fit")
+    assert world.until(lambda r: r.state.final, run_id="r2").state == RunState.SUCCEEDED
+    steps = world.driver.steps
+    time.sleep(0.5)
+    assert world.driver.steps - steps < 10, "the run that cannot end spins"
+
+
+def test_a_workflow_found_invalid_once_its_environment_is_ready_fails_with_the_describer_s_reason(make_world) -> None:
+    world = make_world()
+    world.environments.state = EnvironmentState.BUILDING
+
+    def planner(record: RunRecord) -> None:
+        raise InvalidArgument("task fit: m:T has no setting 'sead' (did you mean 'seed'?)")
+
+    world.driver.planner = planner
+    world.submit(task("fit"), unplanned=True)
+    world.until(lambda r: "building" in r.message)
+    world.environments.state = EnvironmentState.READY
+    record = world.until(lambda r: r.state.final)
+    assert (record.state, record.message) == (
+        RunState.FAILED,
+        "task fit: m:T has no setting 'sead' (did you mean 'seed'?)",
+    )
+    assert world.executor.pods("r1") == [] and record.tasks["fit"].state == TaskState.CANCELLED
+
+
+def test_a_sigkill_survives_a_restart_and_the_second_fails_the_run(make_world) -> None:
+    first = make_world()
+    first.submit(task("fit"))
+    first.until(running)
+    first.executor.exit("r1", "fit", code=137)  # no evidence of the OOM killer: retried once, not a kill for memory
+    first.until(lambda r: r.tasks["fit"].sigkills == {"w0": 1} and r.tasks["fit"].attempts.get("w0") == 2)
+    first.driver.stop()
+    second = make_world()
+    second._planned_tasks = first._planned_tasks
+    second.until(lambda r: second.executor.pods("r1") != [] and second.executor.status("r1", "fit").attempts == 3)
+    restarted = second.executor.status("r1", "fit")
+    assert (restarted.memory_gb, restarted.sigkills) == (restarted.spec.retry_memory_gb, 1)
+    second.executor.exit("r1", "fit", code=137)
+    record = second.until(lambda r: r.state.final)
+    assert record.state == RunState.FAILED and "not retried again" in record.message and record.oom_kills == []

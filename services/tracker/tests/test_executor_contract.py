@@ -9,7 +9,9 @@ memory, and restart the executor over the same store.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Protocol
 import pytest
 from fake_executor import FakeExecutor
 from kubernetes_cluster import ScriptedCluster
+from simrun_core.errors import NotFound
 from simrun_planner import Node
 from simrun_runtime.layout import StoreLayout
 from simrun_tracker.executor import (
@@ -37,17 +40,24 @@ from simrun_tracker.local.confinement import PodConfinement
 
 NODES = [Node("n1", cores=2, memory_gb=2.0), Node("n2", cores=1, memory_gb=2.0)]
 
-# A local pod that obeys its control file: `exit N`, or `oom` (takes memory past any test limit).
+# A local pod that obeys its control file: `say WORD` (a line to its log), `exit N`, `sigkill` (by its own hand:
+# no evidence of the OOM killer), or `oom` (takes memory past any test limit).
 OBEY = """
-import pathlib, signal, sys, time
+import os, pathlib, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 control = pathlib.Path(sys.argv[1])
-while not control.exists():
-    time.sleep(0.02)
-order = control.read_text().split()
-control.unlink()
+while True:
+    while not control.exists():
+        time.sleep(0.02)
+    order = control.read_text().split()
+    control.unlink()
+    if order[0] != "say":
+        break
+    print(order[1], flush=True)
 if order[0] == "exit":
     sys.exit(int(order[1]))
+if order[0] == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
 chunks = []
 while True:
     chunk = bytearray(16 * 1024 * 1024)
@@ -63,6 +73,10 @@ class Harness(Protocol):
     def exit(self, spec: PodSpec, code: int) -> None: ...
 
     def kill_for_memory(self, spec: PodSpec) -> None: ...
+
+    def say(self, spec: PodSpec, word: str) -> None: ...
+
+    def sigkill(self, spec: PodSpec) -> None: ...
 
     def restart(self) -> Executor: ...
 
@@ -87,6 +101,14 @@ class LocalHarness:
     def kill_for_memory(self, spec: PodSpec) -> None:
         (self.box / f"{spec.pod_id}.ctl").write_text("oom")
 
+    def sigkill(self, spec: PodSpec) -> None:
+        (self.box / f"{spec.pod_id}.ctl").write_text("sigkill")
+
+    def say(self, spec: PodSpec, word: str) -> None:
+        control = self.box / f"{spec.pod_id}.ctl"
+        control.write_text(f"say {word}")
+        eventually(lambda: not control.exists())  # read: the next order may follow
+
     def restart(self) -> Executor:
         self.executor.close()
         for control in self.box.glob("*.ctl"):
@@ -106,6 +128,14 @@ class FakeHarness:
     def kill_for_memory(self, spec: PodSpec) -> None:
         assert isinstance(self.executor, FakeExecutor)
         self.executor.kill_for_memory(spec.run_id, spec.task_id, spec.worker)
+
+    def sigkill(self, spec: PodSpec) -> None:
+        assert isinstance(self.executor, FakeExecutor)
+        self.executor.exit(spec.run_id, spec.task_id, spec.worker, 137)
+
+    def say(self, spec: PodSpec, word: str) -> None:
+        assert isinstance(self.executor, FakeExecutor)
+        self.executor.write_log(spec.run_id, spec.task_id, spec.worker, f"{word}\n")
 
     def restart(self) -> Executor:
         self.executor = FakeExecutor(list(NODES))
@@ -153,6 +183,14 @@ class KubernetesHarness:
 
     def kill_for_memory(self, spec: PodSpec) -> None:
         self.cluster.exit(spec.run_id, spec.task_id, spec.worker, 137, "OOMKilled")
+
+    def sigkill(self, spec: PodSpec) -> None:
+        self.cluster.exit(spec.run_id, spec.task_id, spec.worker, 137)
+
+    def say(self, spec: PodSpec, word: str) -> None:
+        with self.cluster.api.cluster.cond:
+            name = self.cluster._running(spec.run_id, spec.task_id, spec.worker)
+        self.cluster.argo.write_log(name, f"{word}\n".encode())
 
     def restart(self) -> Executor:
         pytest.skip(
@@ -342,3 +380,56 @@ def test_a_restarted_executor_takes_back_a_run_s_reservation_memory_kills_and_at
     harness.kill_for_memory(pod)
     eventually(phase(executor, pod, PodPhase.FAILED))
     assert "killed for memory twice" in observed(executor, pod).message
+
+
+def test_a_pod_s_lines_reach_its_logs_and_following_them_ends_with_its_task(harness: Harness) -> None:
+    executor = harness.executor
+    pod = spec("r1", "t")
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING))
+    harness.say(pod, "hello")
+    lines: list[tuple[str, str]] = []
+    follower = threading.Thread(target=lambda: lines.extend(executor.logs("r1", "t", "w0", follow=True)))
+    follower.start()
+    eventually(lambda: "hello\n" in "".join(text for _, text in lines))
+    harness.say(pod, "again")
+    eventually(lambda: "again\n" in "".join(text for _, text in lines))
+    assert follower.is_alive(), "following stopped while the pod runs"
+    harness.exit(pod, 0)
+    follower.join(timeout=10)
+    assert not follower.is_alive(), "following did not end with the task's pods"
+    assert all(name.startswith("w0.") for name, _ in lines)
+    again = "".join(text for _, text in executor.logs("r1", "t", "", follow=False))
+    assert "hello\nagain\n" in again
+
+
+def test_a_run_restored_without_its_node_keeps_its_pods_memory_kills_and_attempts(harness: Harness) -> None:
+    # The node it reserved is gone from the config: the reservation cannot be taken again, its history still is.
+    if isinstance(harness, KubernetesHarness):
+        pytest.skip("a cluster adapter restores a run by adopting its Workflow, whose status holds the attempts")
+    executor = harness.executor
+    history = [PodHistory("t", "w0", [MemoryKill(0.25, 0.25, "recorded")], 1)]
+    with contextlib.suppress(NotFound):
+        executor.restore(RunRecovery("r1", "gone", history))
+    pod = spec("r1", "t")
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING, attempts=2))
+    assert observed(executor, pod).memory_gb == 0.375 and len(observed(executor, pod).memory_kills) == 1
+
+
+def test_a_restarted_executor_takes_back_a_sigkill_so_a_second_one_fails_the_pod(harness: Harness) -> None:
+    pod = spec("r1", "t")
+    harness.executor.start_pods([pod])
+    eventually(phase(harness.executor, pod, PodPhase.RUNNING))
+    harness.sigkill(pod)
+    eventually(phase(harness.executor, pod, PodPhase.RUNNING, attempts=2))
+    first = observed(harness.executor, pod)
+    assert (first.sigkills, first.memory_kills, first.memory_gb) == (1, [], 0.375)
+    executor = harness.restart()
+    executor.restore(RunRecovery("r1", None, [PodHistory("t", "w0", [], 2, sigkills=1)]))
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING, attempts=3))
+    assert observed(executor, pod).memory_gb == 0.375
+    harness.sigkill(pod)
+    eventually(phase(executor, pod, PodPhase.FAILED))
+    assert "not retried again" in observed(executor, pod).message

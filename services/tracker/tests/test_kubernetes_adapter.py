@@ -17,8 +17,9 @@ from kubernetes_fake_api import ArgoScript, FakeApiServer, node
 from kubernetes_runs import IMAGE, planned_record, scan_run
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from simrun_runtime.layout import StoreLayout
+from simrun_runtime.record import SnapshotRef
 from simrun_runtime.reports import WorkerReport, utcnow
-from simrun_tracker.executor import PodHistory, PodPhase, PodStatus, RunRecovery, TaskOrdering
+from simrun_tracker.executor import MemoryKill, PodHistory, PodPhase, PodStatus, RunRecovery, TaskOrdering
 from simrun_tracker.kubernetes.adapter import KubernetesExecutor
 from simrun_tracker.kubernetes.config import KubernetesSettings
 from simrun_tracker.pods import run_spec
@@ -488,24 +489,130 @@ def test_the_server_config_chooses_the_kubernetes_executor(api, store, tmp_path)
         kubernetes_executor({"namespce": "x"}, store, 30.0)
 
 
-def test_a_run_recorded_queued_whose_workflow_was_never_created_is_submitted_after_a_restart(make, api, store) -> None:
+def test_a_run_recorded_queued_whose_workflow_was_never_created_is_handed_over_again_after_a_restart(
+    make, api, store
+) -> None:
     record = planned_record(RUN)
+    record.snapshots = [SnapshotRef(name="model", snapshot_id="ab" * 32, path="/elsewhere/than/the/store")]
     record.save(store.run(RUN))
-    settings = KubernetesSettings(default_image=IMAGE, watch_timeout_s=2, backoff_max_s=0.5)
+    settings = KubernetesSettings(default_image=IMAGE.replace("ab", "00"), watch_timeout_s=2, backoff_max_s=0.5)
     executor = KubernetesExecutor(settings, store, client=api.client())
     try:
-        executor.restore(RunRecovery(RUN, None, []))
-        submitted(api)  # the tracker stopped between recording the run and creating its Workflow
+        kills = [MemoryKill(4.0, 2.0, "recorded")]
+        executor.restore(RunRecovery(RUN, None, [PodHistory("scan", "w0", kills, attempts=1)]))
+        # The tracker stopped between recording the run and creating its Workflow: the adapter cannot know the
+        # run's image (its environment's), so it reports no pods and the driver hands the run over again.
+        assert executor.pods(RUN) == []
+        time.sleep(0.3)
+        assert not [r for r in api.cluster.requests if r.method == "POST"]
+        executor.start_run(run_spec(record, "env-1", 30.0, IMAGE))
+        submitted(api)
         pods = wait_for(executor, lambda p: len(p) == 4)
         assert all(p.phase is PodPhase.PENDING for p in pods.values())
+        assert pods["scan/w0"].memory_gb == 6.0 and len(pods["scan/w0"].memory_kills) == 1  # the record's kill
+        workflow = api.cluster.get("workflows", NS, f"simrun-{RUN}")
+        assert {t["container"]["image"] for t in workflow["spec"]["templates"] if "container" in t} == {IMAGE}
+        # The pods read the run's snapshot, found by its name and id (never the path a record holds), read-only.
+        mounts = next(t for t in workflow["spec"]["templates"] if "container" in t)["container"]["volumeMounts"]
+        assert {"name": "store", "mountPath": f"/store/snapshots/model/{'ab' * 32}", "readOnly": True,
+                "subPath": f"snapshots/model/{'ab' * 32}"} in mounts  # fmt: skip
     finally:
         executor.close()
-    other = planned_record("20261201-080000-cccccc")
-    other.save(store.run(other.run_id))
-    bare = make()  # no default image: the run cannot be made again, and says so instead of waiting forever
-    bare.restore(RunRecovery(other.run_id, None, []))
-    statuses = bare.pods(other.run_id)
-    assert statuses and all(s.phase is PodPhase.FAILED and "default_image" in s.message for s in statuses)
+
+
+def workflow_patches(api: FakeApiServer) -> list:
+    return [r for r in api.cluster.requests if r.method == "PATCH" and "/workflows/" in r.path]
+
+
+def test_a_run_whose_pods_all_succeeded_is_left_for_argo_to_end(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN, pods=1))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    for template in ("scan-w0", "plot-w0"):
+        name = argo.create_pod(RUN, template, "w0")
+        argo.admit(name, "node-a")
+        argo.exit(name, 0)
+    wait_for(executor, lambda p: all(s.phase is PodPhase.SUCCEEDED for s in p.values()))
+    time.sleep(0.5)
+    executor.pods(RUN)
+    # Argo ends the Workflow itself (Succeeded, pods collected): a shutdown now would race it and mark it failed.
+    assert workflow_patches(api) == []
+    assert "shutdown" not in api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"]
+
+
+def test_a_done_run_with_extra_workers_still_queued_is_stopped(make, api) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN, pods=2))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    argo.create_pod(RUN, "scan-extra", "w1")  # waits for admission, and would hold the Workflow open
+    for template in ("scan-w0", "plot-w0"):
+        name = argo.create_pod(RUN, template, "w0")
+        argo.admit(name, "node-a")
+        argo.exit(name, 0)
+        if template == "scan-w0":
+            wait_for(executor, lambda p: p["scan/w0"].phase is PodPhase.SUCCEEDED)
+            executor.stop_pods(RUN, "scan")  # the driver, once the merge marker is there
+    wait_for(executor, lambda p: p["plot/w0"].phase is PodPhase.SUCCEEDED)
+    deadline = time.monotonic() + 5
+    while api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"].get("shutdown") != "Terminate":
+        assert time.monotonic() < deadline, "the Workflow held open by a queued extra worker was not stopped"
+        executor.pods(RUN)
+        time.sleep(0.05)
+    assert len(workflow_patches(api)) == 1
+
+
+def test_an_archive_the_store_refuses_holds_up_no_other(make, api, store) -> None:
+    executor = make()
+    executor.start_run(scan_run(RUN, pods=1))
+    submitted(api)
+    blocked = store.run(RUN).task("plot").logs
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a folder")  # the store refuses the plot pod's archive (as a full disk would)
+    argo = ArgoScript(api.cluster)
+    plot = argo.create_pod(RUN, "plot-w0", "w0")
+    argo.admit(plot, "node-a")
+    argo.exit(plot, 0, log=b"plot\n")
+    wait_for(executor, lambda p: p["plot/w0"].phase is PodPhase.SUCCEEDED)
+    scan = argo.create_pod(RUN, "scan-w0", "w0")
+    argo.admit(scan, "node-a")
+    argo.exit(scan, 0, log=b"scan\n")
+    archive = store.run(RUN).task("scan").logs / "w0.1.log"
+    deadline = time.monotonic() + 5
+    while not archive.exists():
+        assert time.monotonic() < deadline, "a refused archive was tried again forever and held up the next"
+        time.sleep(0.02)
+    assert archive.read_text() == "scan\n"
+
+
+def test_only_the_api_s_transient_answers_are_tried_again() -> None:
+    import urllib3
+    from kubernetes.client.exceptions import ApiException
+    from simrun_tracker.kubernetes.api import classify
+
+    assert isinstance(classify(ApiException(status=503), "x"), Unavailable)
+    assert isinstance(classify(urllib3.exceptions.MaxRetryError(None, "/", "refused"), "x"), Unavailable)
+    assert isinstance(classify(ConnectionResetError(), "x"), Unavailable)
+    forbidden = classify(ApiException(status=403, reason="Forbidden"), "submitting")
+    assert isinstance(forbidden, FailedPrecondition) and "403" in str(forbidden)
+    assert isinstance(classify(ApiException(status=422), "x"), InvalidArgument)
+    for own in (KeyError("run"), OSError(28, "No space left on device"), ValueError("bad json")):
+        error = classify(own, "archiving")
+        assert not isinstance(error, Unavailable) and type(own).__name__ in str(error)
+
+
+def test_following_the_logs_of_a_run_the_adapter_does_not_follow_ends_with_its_archives(make, store) -> None:
+    executor = make()
+    logs = store.run(RUN).task("plot").logs
+    logs.mkdir(parents=True)
+    (logs / "w0.1.log").write_text("archived\n")
+    lines: list[tuple[str, str]] = []
+    follower = threading.Thread(target=lambda: lines.extend(executor.logs(RUN, "plot", "w0", follow=True)))
+    follower.start()
+    follower.join(timeout=5)
+    assert not follower.is_alive(), "following the logs of an unknown run never ended"
+    assert lines == [("w0.1.log", "archived\n")]
 
 
 def test_a_forgotten_run_is_kept_until_its_workflow_ended_and_its_pods_logs_are_archived(make, api, store) -> None:
@@ -545,3 +652,59 @@ def test_a_forgotten_run_is_kept_until_its_workflow_ended_and_its_pods_logs_are_
     while RUN in executor._pods or RUN in executor._workflows:
         assert time.monotonic() < deadline, "the informers' caches kept a collected run"
         time.sleep(0.02)
+
+
+def test_a_restarted_tracker_archives_the_logs_of_pods_that_ended_while_it_was_down(make, api, store) -> None:
+    first = make()
+    first.start_run(scan_run(RUN))
+    submitted(api)
+    argo = ArgoScript(api.cluster)
+    name = argo.create_pod(RUN, "plot-w0", "w0")
+    argo.admit(name, "node-a")
+    wait_for(first, lambda p: p["plot/w0"].phase is PodPhase.RUNNING)
+    first.close()
+    argo.exit(name, 0, log=b"ended while the tracker was down\n")
+    make()  # the run is not even handed over again (it ended, or its record is final): its pods' logs still matter
+    archive = store.run(RUN).task("plot").logs / "w0.1.log"
+    deadline = time.monotonic() + 5
+    while not archive.exists():
+        assert time.monotonic() < deadline, "the log of a pod that ended while the tracker was down was never archived"
+        time.sleep(0.02)
+    assert archive.read_text() == "ended while the tracker was down\n"
+
+
+def test_a_run_adopted_after_its_workflow_ended_is_dropped_when_forgotten(make, api, store) -> None:
+    record = planned_record(RUN)
+    record.save(store.run(RUN))
+    first = make()
+    first.start_run(run_spec(record, "env-1", 30.0, IMAGE))
+    submitted(api)
+    first.close()
+    api.cluster.modify(
+        "workflows", NS, f"simrun-{RUN}", lambda wf: wf.update(status={"phase": "Failed", "message": "stopped"})
+    )
+    second = make()  # the Workflow ended while the tracker was down: no event of its end will come
+    second.restore(RunRecovery(RUN, None, []))
+    assert second.pods(RUN)
+    second.forget(RUN)
+    assert second.pods(RUN) == []
+
+
+def test_releasing_a_run_frees_its_node_even_once_cordoned(make, api) -> None:
+    executor = make()
+    executor.reserve("node-a", RUN)
+    deadline = time.monotonic() + 5
+    while (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}).get("simrun/reserved") != RUN:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    api.cluster.modify("nodes", "", "node-a", lambda n: n["spec"].update(unschedulable=True))  # kubectl cordon
+    deadline = time.monotonic() + 5
+    while "node-a" in {n.name for n in executor.nodes()}:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    executor.release(RUN)
+    deadline = time.monotonic() + 5
+    while api.cluster.get("nodes", "", "node-a")["spec"].get("taints"):
+        assert time.monotonic() < deadline, "a cordoned node kept the released run's taint"
+        time.sleep(0.02)
+    assert "simrun/reserved" not in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {})

@@ -104,3 +104,229 @@ def test_the_server_config_chooses_the_kubernetes_executor_with_the_deployed_nam
     deployment = next(d for d in by_kind("Deployment") if d["metadata"]["name"] == "simrun")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["readinessProbe"]["grpc"]["port"] == 50551
+
+
+def _server_container() -> tuple[dict, dict, ServerConfig]:
+    deployment = next(d for d in by_kind("Deployment") if d["metadata"]["name"] == "simrun")
+    config_map = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "simrun-config")
+    config = ServerConfig.model_validate(yaml.safe_load(config_map["data"]["server.yaml"]))
+    return deployment["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]["containers"][0], config
+
+
+def test_argo_finds_the_token_of_the_wait_sidecar_s_account() -> None:
+    # Argo mounts the Secret `<executor account>.service-account-token` (util/secrets.TokenName, Argo v4.1.2) into
+    # every pod whose template names executor.serviceAccountName; no Secret, no pod ever starts.
+    secrets = {d["metadata"]["name"]: d for d in by_kind("Secret")}
+    token = secrets[f"{EXECUTOR_ACCOUNT}.service-account-token"]
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"]["kubernetes.io/service-account.name"] == EXECUTOR_ACCOUNT
+    (account,) = [d for d in by_kind("ServiceAccount") if d["metadata"]["name"] == EXECUTOR_ACCOUNT]
+    assert token["metadata"]["namespace"] == account["metadata"]["namespace"]
+
+
+def test_the_deployed_server_may_start_with_its_config() -> None:
+    from simrun_core.rpc.server import check_transport
+
+    pod, container, config = _server_container()
+    check_transport(config.address, config.tls, config.insecure)  # a LAN address: refused without insecure or TLS
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    writable = [Path(p) for p, m in mounts.items() if not m.get("readOnly") and "subPath" not in m]
+
+    def beneath_a_writable_mount(path: Path) -> bool:
+        return any(path.is_relative_to(root) and path != root for root in writable)
+
+    # The server narrows its home to 0700, which a non-root user may not do to a volume's root (owned by root).
+    assert beneath_a_writable_mount(config.home), config.home
+    assert beneath_a_writable_mount(config.index)
+    assert config.environments.uv_cache_dir is not None and beneath_a_writable_mount(config.environments.uv_cache_dir)
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    assert any(Path(env["HOME"]) == root or beneath_a_writable_mount(Path(env["HOME"])) for root in writable)
+    # The tokens come from a Secret mounted read-only: the server can migrate no plaintext token there.
+    tokens = mounts[str(config.tokens_file.parent)]
+    assert tokens["readOnly"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+MODEL_TASKS = """
+from simrun_runtime import ExecContext, ResourceHint, TaskSettings, UnsplitTaskType
+
+
+class Small(UnsplitTaskType):
+    class Settings(TaskSettings):
+        pass
+
+    resources = ResourceHint(base_memory_gb=0.5)
+
+    def run(self, settings, context: ExecContext):
+        return {}
+
+
+class Big(Small):
+    resources = ResourceHint(base_memory_gb=500.0)
+"""
+
+
+def _model_repo(dest: Path) -> Path:
+    """A model without pyproject.toml (its environment is the default image's) in a git working tree of its own."""
+    import subprocess
+
+    (dest / "kmodel").mkdir(parents=True)
+    (dest / "kmodel" / "__init__.py").write_text("")
+    (dest / "kmodel" / "tasks.py").write_text(MODEL_TASKS)
+    (dest / "small.yaml").write_text("name: small\ntasks:\n  small:\n    type: kmodel.tasks:Small\n")
+    (dest / "huge.yaml").write_text("name: huge\ntasks:\n  big:\n    type: kmodel.tasks:Big\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "model"]):
+        subprocess.run(["git", *args], cwd=dest, check=True, env={**env, "PATH": "/usr/bin:/bin"})
+    return dest
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # a real server and four CLI processes on a shared machine
+def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as_the_readme_says(
+    tmp_path: Path,
+) -> None:
+    """The ConfigMap's server.yaml (only its folders moved here, the port, and a default image) as a real `simrun
+    server` against the fake API server: for a token made with `simrun tokens add` it lists the cluster's nodes,
+    refuses a run that fits no node in one line and makes a run that fits one valid Workflow."""
+    import os
+    import re
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from kubernetes_fake_api import FakeApiServer, node
+
+    simrun = shutil.which("simrun", path=str(Path(sys.executable).parent)) or "simrun"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIMRUN_")}
+    env["SIMRUN_HOME"] = str(tmp_path / "client-home")  # the CLI's own home, never the reader's
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    tokens = secret / "tokens.yaml"
+    tokens.write_text("owner: alice\ntokens: {}\n")
+    added = subprocess.run(
+        [simrun, "tokens", "add", "alice", "--tokens-file", str(tokens)], capture_output=True, text=True, timeout=60
+    )
+    assert added.returncode == 0, added.stderr
+    token = added.stdout.strip()
+    assert token not in tokens.read_text()
+    tokens.chmod(0o444)  # as the Secret is mounted: nothing to rewrite, nothing the server may write
+    config_map = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "simrun-config")
+    config = yaml.safe_load(config_map["data"]["server.yaml"])
+    with FakeApiServer() as api, socket.socket() as sock:
+        api.cluster.put("nodes", node("node-a", 8, 32))
+        api.cluster.put("nodes", node("node-b", 8, 32))
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "k3s", "cluster": {"server": api.url}}],
+                    "users": [{"name": "tracker", "user": {"token": "service-account-token"}}],
+                    "contexts": [{"name": "k3s", "context": {"cluster": "k3s", "user": "tracker"}}],
+                    "current-context": "k3s",
+                }
+            )
+        )
+        volume = tmp_path / "var-lib-simrun"
+
+        def moved(path: str) -> str:
+            return str(volume / Path(path).relative_to("/var/lib/simrun"))
+
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        sock.close()
+        config.update(
+            home=moved(config["home"]),
+            index=moved(config["index"]),
+            store=str(tmp_path / "store"),
+            tokens_file=str(tokens),
+            address=address,
+        )
+        config["environments"]["uv_cache_dir"] = moved(config["environments"]["uv_cache_dir"])
+        config["executor"]["kubernetes"]["kubeconfig"] = str(kubeconfig)  # in the cluster: its service account
+        executor_image = "localhost:30500/simrun/default@sha256:" + "d1" * 32
+        config["executor"]["kubernetes"]["default_image"] = executor_image  # README step 6
+        server_yaml = tmp_path / "server.yaml"
+        server_yaml.write_text(yaml.safe_dump(config))
+        proc = subprocess.Popen(
+            [simrun, "server", "--config", str(server_yaml)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "HOME": str(volume)},
+        )
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            first = proc.stdout.readline()
+            assert re.match(rf"simrun serves at {re.escape(address)}", first), first + (
+                proc.stderr.read() if proc.poll() is not None else ""
+            )
+            listed = subprocess.run(
+                [simrun, "nodes", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**env, "SIMRUN_ENDPOINT": address, "SIMRUN_TOKEN": token},
+            )
+            assert listed.returncode == 0, listed.stderr
+            assert {"node-a", "node-b"} <= set(re.findall(r'"name": "([^"]+)"', listed.stdout))
+            assert any(r.path == "/api/v1/nodes" for r in api.cluster.requests)
+            client_env = {**env, "SIMRUN_ENDPOINT": address, "SIMRUN_TOKEN": token}
+            model = _model_repo(tmp_path / "model")
+            # A pod that fits no node of the cluster is refused at submission, in one line, nothing submitted.
+            refused = subprocess.run(
+                [simrun, "submit", str(model / "huge.yaml")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=client_env,
+            )
+            assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+            assert "task big" in refused.stderr and "GiB" in refused.stderr, refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1
+            assert not [r for r in api.cluster.requests if r.method == "POST"]
+            # A run that fits becomes one Workflow in the cluster, valid against the CRD, with the default image.
+            done = subprocess.run(
+                [simrun, "submit", str(model / "small.yaml")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=client_env,
+            )
+            assert done.returncode == 0, done.stderr
+            deadline = time.monotonic() + 30
+            while not api.cluster.items("workflows"):
+                assert time.monotonic() < deadline, "no Workflow was created for the submitted run"
+                time.sleep(0.1)
+            (workflow,) = api.cluster.items("workflows")
+            workflow.pop("status", None)
+            for key in ("resourceVersion", "creationTimestamp", "uid"):
+                workflow["metadata"].pop(key, None)
+            assert schemas.errors(workflow) == []
+            images = {t["container"]["image"] for t in workflow["spec"]["templates"] if "container" in t}
+            assert images == {executor_image}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+
+
+def test_argo_keeps_a_succeeded_workflow_s_pods_until_their_logs_are_archived() -> None:
+    argo = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "workflow-controller-configmap")
+    delay = argo["data"]["podGCDeleteDelayDuration"]
+    assert delay.endswith("m") and int(delay[:-1]) >= 1  # Argo's default, 5 s, can beat the archiver
+
+
+def test_no_service_of_simrun_can_be_evicted_by_a_reservation() -> None:
+    # A reservation taints its node simrun/reserved=<run>:NoExecute: every pod there that does not tolerate it is
+    # evicted, so simrun's own services stay off the worker nodes (or tolerate the taint).
+    for deployment in by_kind("Deployment"):
+        spec = deployment["spec"]["template"]["spec"]
+        pinned = spec.get("nodeSelector", {}).get("node-role.kubernetes.io/control-plane") == "true"
+        tolerates = any(t.get("key") == "simrun/reserved" for t in spec.get("tolerations", []))
+        assert pinned or tolerates, deployment["metadata"]["name"]

@@ -52,7 +52,7 @@ def shut_down(scripted: ScriptedCluster, timeout_s: float = 10) -> bool:
     return False
 
 
-def test_a_run_goes_through_argo_in_the_order_of_its_inputs_and_its_workflow_is_stopped(make_world, cluster) -> None:
+def test_a_run_goes_through_argo_in_the_order_of_its_inputs_and_argo_ends_its_workflow(make_world, cluster) -> None:
     scripted, executor = cluster
     world = make_world(executor)
     world.submit(task("scan", split=True), task("report", inputs={"points": "scan.points"}))
@@ -64,7 +64,13 @@ def test_a_run_goes_through_argo_in_the_order_of_its_inputs_and_its_workflow_is_
     pod_running(scripted, "report")  # Argo starts it once the coordinator succeeded
     scripted.exit("r1", "report", "w0", 0)
     assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
-    assert shut_down(scripted)  # the run is over: its Workflow (and any extra worker still queued) is stopped
+    deadline = time.monotonic() + 10
+    while (scripted.api.cluster.get("workflows", "simrun", "simrun-r1").get("status") or {}).get("phase") is None:
+        assert time.monotonic() < deadline, "Argo never ended the Workflow"
+        time.sleep(0.02)
+    # Every pod succeeded: Argo ends the Workflow itself (Succeeded, its pods collected), simrun stops nothing.
+    assert scripted.api.cluster.get("workflows", "simrun", "simrun-r1")["status"]["phase"] == "Succeeded"
+    assert not shut_down(scripted, timeout_s=0.5)
     assert len([r for r in scripted.api.cluster.requests if r.method == "POST"]) == 1
 
 
@@ -100,3 +106,33 @@ def test_a_cancel_stops_the_workflow(make_world, cluster) -> None:
         world.runs.save(record)
     assert world.until(lambda r: r.state.final).state == RunState.CANCELLED
     assert shut_down(scripted)
+
+
+def test_a_run_whose_workflow_was_never_created_before_a_restart_is_handed_over_with_its_image(
+    make_world, cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import test_driver
+    from simrun_runtime.record import RunRecord
+    from simrun_tracker.ports import Environment, EnvironmentState
+    from simrun_tracker.runstore import RunStore
+
+    own_image = "registry.simrun:5000/simrun/environments@sha256:" + "5e" * 32
+    monkeypatch.setattr(
+        test_driver.Environments,
+        "get",
+        lambda self, environment_id: Environment(environment_id, EnvironmentState.READY, image=own_image),
+    )
+    # The tracker recorded the run QUEUED and stopped before the adapter created its Workflow.
+    runs = RunStore(StoreLayout(tmp_path / "store"))
+    record = RunRecord(run_id="r1", identity=test_driver.AGENT, tasks={"fit": task("fit")}, environment="env-1")
+    record.state = RunState.QUEUED
+    runs.create(record, lambda staging: staging.tasks.mkdir(parents=True))
+    runs.close()
+    scripted, executor = cluster
+    world = make_world(executor)  # a restarted tracker: recover, then the driver's steps
+    pod_running(scripted, "fit")
+    workflow = scripted.api.cluster.get("workflows", "simrun", "simrun-r1")
+    assert {t["container"]["image"] for t in workflow["spec"]["templates"] if "container" in t} == {own_image}
+    scripted.exit("r1", "fit", "w0", 0)
+    assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+    assert len([r for r in scripted.api.cluster.requests if r.method == "POST"]) == 1

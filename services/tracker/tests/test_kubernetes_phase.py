@@ -37,6 +37,15 @@ def k8s_pod(phase: str, *, gate: bool = False, terminated: dict | None = None, c
     }
 
 
+def waiting_pod(container: str, reason: str, message: str) -> dict:
+    """A pod bound to a node whose container waits (`init` is Argo's init container)."""
+    obj = k8s_pod("Pending")
+    waiting = {"reason": reason, **({"message": message} if message else {})}
+    key = "initContainerStatuses" if container == "init" else "containerStatuses"
+    obj["status"][key] = [{"name": container, "state": {"waiting": waiting}}]
+    return obj
+
+
 UNSCHEDULED = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3 nodes"}]
 PREEMPTED = [{"type": "TerminationTarget", "status": "True"}]
 
@@ -50,6 +59,29 @@ PREEMPTED = [{"type": "TerminationTarget", "status": "True"}]
             False,
             AttemptPhase.WAITING,
             {"message": "admitted, not scheduled: 0/3 nodes"},
+        ),
+        (k8s_pod("Pending"), False, AttemptPhase.WAITING, {"message": "starting"}),
+        (
+            waiting_pod("main", "ContainerCreating", ""),
+            False,
+            AttemptPhase.WAITING,
+            {"message": "starting", "started": False},
+        ),
+        (
+            waiting_pod("main", "ImagePullBackOff", 'Back-off pulling image "reg/x@sha256:00"'),
+            False,
+            AttemptPhase.WAITING,
+            {"message": 'not starting: container main ImagePullBackOff: Back-off pulling image "reg/x@sha256:00"'},
+        ),
+        (
+            waiting_pod(
+                "init", "CreateContainerConfigError", 'secret "simrun-executor.service-account-token" not found'
+            ),
+            False,
+            AttemptPhase.WAITING,
+            {
+                "message": 'not starting: container init CreateContainerConfigError: secret "simrun-executor.service-account-token" not found'
+            },
         ),
         (k8s_pod("Running"), False, AttemptPhase.RUNNING, {"started": True, "node": "node-a", "memory_gb": 6.0}),
         (k8s_pod("Running", conditions=PREEMPTED), False, AttemptPhase.RUNNING, {"preempted": True}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import kubernetes_schemas as schemas
@@ -56,7 +57,8 @@ def runs(draw: st.DrawFn) -> RunSpec:
                 priority=draw(st.sampled_from(["owner", "standard", "agent"])),
             )
         )
-    return RunSpec(run_id, tasks, draw(st.sampled_from([None, "node-a"])))
+    snapshots = draw(st.lists(st.sampled_from(["snapshots/model/" + "1f" * 32, "snapshots/lib/" + "2e" * 32])))
+    return RunSpec(run_id, tasks, draw(st.sampled_from([None, "node-a"])), snapshots)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -129,19 +131,33 @@ def test_strict_mode_catches_a_misspelled_field_and_a_float_quantity() -> None:
 
 
 def test_pods_see_their_run_only_with_a_read_only_root_and_no_token() -> None:
-    wf = render_workflow(scan_run(RUN), SETTINGS)
+    snapshots = ["snapshots/montecarlo/" + "1f" * 32, "snapshots/tinylib/" + "2e" * 32]
+    run = dataclasses.replace(scan_run(RUN), snapshots=snapshots)
+    wf = render_workflow(run, SETTINGS)
     assert wf["spec"]["automountServiceAccountToken"] is False
     assert wf["spec"]["volumes"] == [{"name": "store", "persistentVolumeClaim": {"claimName": "simrun-store"}}]
     for template in wf["spec"]["templates"][1:]:
         main = template["container"]
+        task_id = template["metadata"]["annotations"]["simrun.io/task-id"]
+        store_mounts = [m for m in main["volumeMounts"] if m["name"] == "store"]
         mounts = {m["mountPath"]: m for m in main["volumeMounts"]}
-        assert mounts[f"/store/runs/{RUN}"] == {
+        # DESIGN's containment: the run read-only, its task's folder the only writable part of the store (mounted
+        # after the run, over it), the run's own snapshots read-only; never the whole store or other snapshots.
+        assert store_mounts[0] == {
             "name": "store",
             "mountPath": f"/store/runs/{RUN}",
+            "readOnly": True,
             "subPath": f"runs/{RUN}",
         }
-        assert mounts["/store/snapshots"]["readOnly"] is True and mounts["/store/snapshots"]["subPath"] == "snapshots"
-        assert {m["subPath"] for m in main["volumeMounts"] if m["name"] == "store"} == {f"runs/{RUN}", "snapshots"}
+        assert [m for m in store_mounts if not m.get("readOnly")] == [
+            {
+                "name": "store",
+                "mountPath": f"/store/runs/{RUN}/tasks/{task_id}",
+                "subPath": f"runs/{RUN}/tasks/{task_id}",
+            }
+        ]
+        assert {m["subPath"] for m in store_mounts[2:]} == set(snapshots)
+        assert all(mounts[f"/store/{s}"]["readOnly"] is True for s in snapshots)
         assert {"/tmp", "/scratch"} <= set(mounts)
         volumes = {v["name"]: v for v in template["volumes"]}
         assert "emptyDir" in volumes["tmp"] and "emptyDir" in volumes["scratch"]
@@ -150,7 +166,10 @@ def test_pods_see_their_run_only_with_a_read_only_root_and_no_token() -> None:
         assert template["securityContext"]["runAsNonRoot"] is True
         assert template["automountServiceAccountToken"] is False
         env = {e["name"]: e["value"] for e in main["env"]}
-        assert all(name.startswith("SIMRUN_") or name == "PYTHONDONTWRITEBYTECODE" for name in env)
+        fixed = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"}
+        assert {k: env[k] for k in fixed} == fixed and env["HOME"] == env["TMPDIR"] == env["SIMRUN_SCRATCH"]
+        assert set(env) - set(fixed) - {"HOME", "TMPDIR"} == {n for n in env if n.startswith("SIMRUN_")}
+        assert env["HOME"] in mounts and "emptyDir" in {v["name"]: v for v in template["volumes"]}["scratch"]
         assert env["SIMRUN_RUN_DIR"] == f"/store/runs/{RUN}"
         assert env["SIMRUN_PROVENANCE"].startswith(f"/store/runs/{RUN}/tasks/")
         assert main["image"] == IMAGE and main["command"][:2] == ["python", "-m"]
@@ -183,6 +202,10 @@ def test_bad_runs_are_refused_with_what_to_fix() -> None:
         render_workflow(scan_run(RUN, image=""), SETTINGS)
     defaulted = KubernetesSettings(default_image=IMAGE)
     assert schemas.errors(render_workflow(scan_run(RUN, image=""), defaulted)) == []
+    with pytest.raises(InvalidArgument, match="not a snapshot folder"):
+        render_workflow(dataclasses.replace(scan_run(RUN), snapshots=["snapshots/../../etc"]), SETTINGS)
+    with pytest.raises(InvalidArgument, match="not a snapshot folder"):
+        render_workflow(dataclasses.replace(scan_run(RUN), snapshots=["runs/other"]), SETTINGS)
     strange = pod(RUN, "a", "w0")
     strange.contract["LD_PRELOAD"] = "/x.so"
     with pytest.raises(InvalidArgument, match="not a variable of the runtime contract"):

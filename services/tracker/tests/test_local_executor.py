@@ -102,6 +102,17 @@ class Pods:
         return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def stubborn_command(pods: Pods) -> list[str]:
+    """A pod that ignores SIGTERM (so only the SIGKILL after its grace ends it) and marks its start."""
+    return [
+        sys.executable,
+        "-c",
+        "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write('x\\n')\ntime.sleep(60)",
+        str(pods.box / "stubborn.starts"),
+    ]
+
+
 def status(executor: LocalExecutor, spec: PodSpec) -> PodStatus:
     return next(p for p in executor.pods(spec.run_id) if p.spec.pod_id == spec.pod_id)
 
@@ -325,14 +336,7 @@ def test_reservations_evict_other_runs_and_hold_the_node_until_released(make_exe
 
 def test_stop_fails_running_and_pending_pods_and_kills_after_the_grace(make_executor, pods: Pods) -> None:
     executor = make_executor()
-    stubborn_command = [
-        sys.executable,
-        "-c",
-        "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "open(sys.argv[1], 'w').write('x\\n')\ntime.sleep(60)",
-        str(pods.box / "stubborn.starts"),
-    ]
-    stubborn = pods.spec("stubborn", grace_s=0.3, command=stubborn_command)
+    stubborn = pods.spec("stubborn", grace_s=0.3, command=stubborn_command(pods))
     queued = pods.spec("queued")
     other = pods.spec("other", run="r2")
     executor.start_pods([stubborn, queued, other])
@@ -546,14 +550,7 @@ def test_a_forgotten_run_s_stopping_pod_stays_supervised_until_it_is_killed_then
     make_executor, pods: Pods
 ) -> None:
     executor = make_executor()
-    stubborn_command = [
-        sys.executable,
-        "-c",
-        "import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "open(sys.argv[1], 'w').write('x\\n')\ntime.sleep(60)",
-        str(pods.box / "stubborn.starts"),
-    ]
-    stubborn = pods.spec("stubborn", grace_s=0.5, command=stubborn_command)
+    stubborn = pods.spec("stubborn", grace_s=0.5, command=stubborn_command(pods))
     executor.start_pods([stubborn])
     wait_for(started(executor, pods, stubborn))
     executor.stop_pods("r1")

@@ -10,8 +10,10 @@ import click
 from simrun_cli.options import endpoint_option, token_option
 
 if TYPE_CHECKING:
+    from simrun_core.config import ServerConfig
     from simrun_core.identity import Priority
     from simrun_planner import Node
+    from simrun_runtime.record import SnapshotRef
 
 PRIORITIES = ["owner", "standard", "agent"]
 """`simrun_core.identity.Priority`'s values (the command loads no more than click until it runs)."""
@@ -42,6 +44,41 @@ def _server_nodes(endpoint: str, token: str | None) -> tuple[list[Node], Priorit
         nodes = nodes_from_proto(client.nodes())
         identity = client.identity()
     return nodes, priority_from_proto(identity.priority)
+
+
+def _model_environment(model_root: Path, config: ServerConfig) -> tuple[str, Path, list[SnapshotRef], tuple[Path, ...]]:
+    """The interpreter to describe the model's types with, the root to describe them from, the run's snapshots and
+    the folders of its library snapshots (which the describer may read), as a submission has them: the model's
+    working tree and its libraries snapshotted into `<SIMRUN_HOME>/render/store`, their environment locked and
+    built in `<SIMRUN_HOME>/render/environments` with the config's index settings (once per lock); with
+    `environments.kind: server`, this Python."""
+    import dataclasses
+    import sys
+
+    from simrun_client.libraries import library_trees
+    from simrun_client.snapshots import snapshot_to_store
+    from simrun_core.home import simrun_home
+    from simrun_envbuilder.convert import settings_from_config
+    from simrun_runtime.layout import StoreLayout
+    from simrun_runtime.record import SnapshotRef
+    from simrun_tracker.kubernetes.preview import model_environment
+
+    cache = simrun_home() / "render"
+    store = StoreLayout(cache / "store")
+    refs = []
+    for tree in [model_root, *library_trees(model_root)]:
+        snapshot = snapshot_to_store(tree, store.root).snapshot
+        path = store.snapshot(snapshot.name, snapshot.snapshot_id).relative_to(store.root).as_posix()
+        refs.append(SnapshotRef(name=snapshot.name, snapshot_id=snapshot.snapshot_id, path=path))
+    libraries = tuple(ref.resolve(store) for ref in refs[1:])
+    if config.environments.kind == "server":
+        return sys.executable, refs[0].resolve(store), refs, libraries
+    # A venv to describe with, whatever the server builds for its pods (an image on a cluster).
+    settings = dataclasses.replace(
+        settings_from_config(config), root=cache / "environments", store=store.root, images=None
+    )
+    interpreter, root = model_environment(refs, settings, lambda line: click.echo(line, err=True))
+    return interpreter, root, refs, libraries
 
 
 @click.command("render")
@@ -90,28 +127,31 @@ def render_command(
 ) -> None:
     """Print the Argo Workflow the kubernetes executor would submit for WORKFLOW, as YAML, submitting nothing.
 
-    The run is planned as a submission plans it: its types described from the model's working tree, each task's
-    resources from its type's hint, on the nodes of --nodes (or the server's).
+    The run is planned as a submission plans it: its types described in the model's own environment (locked and
+    built here once per lock, with --config's index settings), each task's resources from its type's hint, on the
+    nodes of --nodes (or the server's).
     """
-    import sys
-
     import yaml
     from simrun_core.config import ServerConfig
     from simrun_core.errors import InvalidArgument
     from simrun_core.identity import Priority
     from simrun_core.resources import SplitMode
+    from simrun_core.workflow import parse_workflow
     from simrun_planner import Node
     from simrun_tracker.describer import SubprocessDescriber
     from simrun_tracker.kubernetes.config import KubernetesSettings
     from simrun_tracker.kubernetes.preview import preview_workflow
 
     settings = KubernetesSettings()
+    config = ServerConfig()
     if config_file is not None:
         config = ServerConfig.load(config_file)
         settings = KubernetesSettings.model_validate(config.executor.kubernetes or {})
     image = image or settings.default_image
     if not image:
         raise InvalidArgument("no image to render with: pass --image REPO@sha256:… (the run's environment image)")
+    if "@sha256:" not in image:
+        raise InvalidArgument(f"the image {image!r} is not named by digest: pass --image REPO@sha256:…")
     if nodes_file is not None:
         from simrun_cli.server import load_nodes
 
@@ -120,18 +160,23 @@ def render_command(
     else:
         nodes, run_priority = _server_nodes(endpoint, token)
         run_priority = Priority(priority) if priority else run_priority
+    text = workflow.read_text()
+    parse_workflow(text, source=str(workflow))  # a bad workflow is refused before any environment is built
+    interpreter, model_root, snapshots, libraries = _model_environment(_model_root(workflow, model), config)
     describer = SubprocessDescriber()
     try:
         preview = preview_workflow(
-            workflow.read_text(),
-            _model_root(workflow, model),
+            text,
+            model_root,
             nodes,
             describer=describer,
-            interpreter=sys.executable,
+            interpreter=interpreter,
             settings=settings,
             image=image,
             priority=run_priority,
             mode=SplitMode.SINGLE_SERVER if single_server else None,
+            snapshots=snapshots,
+            libraries=libraries,
         )
     finally:
         describer.close()

@@ -147,17 +147,19 @@ class MachineIndex:
 
     def set(self, machine: int, cpu: float, memory: float) -> None:
         """Set one machine's free CPU and memory."""
-        keys = self.keys
-        machines = self._machines
-        k = bisect_left(keys, self.cpu[machine])
-        while machines[k] != machine:
-            k += 1
-        del keys[k]
-        del machines[k]
-        k = bisect_left(keys, cpu)
-        keys.insert(k, cpu)
-        machines.insert(k, machine)
-        self.cpu[machine] = cpu
+        old_cpu = self.cpu[machine]
+        if cpu != old_cpu:  # else its place in the order stays (and its value, were one zero's sign another)
+            keys = self.keys
+            machines = self._machines
+            k = bisect_left(keys, old_cpu)
+            while machines[k] != machine:
+                k += 1
+            del keys[k]
+            del machines[k]
+            k = bisect_left(keys, cpu)
+            keys.insert(k, cpu)
+            machines.insert(k, machine)
+            self.cpu[machine] = cpu
         most = self._max_memory
         if most is not None:
             if memory > most:
@@ -165,6 +167,10 @@ class MachineIndex:
             elif memory < most and self.memory[machine] == most:
                 self._max_memory = None  # the maximum may have gone: find it again when asked
         self.memory[machine] = memory
+
+    def below(self, cpu: float) -> list[int]:
+        """The machines with less than ``cpu`` free CPU (a new list, in no particular order)."""
+        return self._machines[: bisect_left(self.keys, cpu)]
 
     @property
     def max_cpu(self) -> float:

@@ -123,19 +123,20 @@ def _online_quota(index: int, demand: Sequence[float] | np.ndarray, machines: Se
     return np.minimum(np.asarray(demand, dtype=float) + margins[index], cpu)
 
 
-_last_quota: tuple[tuple[float, ...], np.ndarray] | None = None
+_last_quota: tuple[tuple[float, ...], np.ndarray, Sequence[Machine]] | None = None
 
 
-def quota_array(allocation: Allocation) -> np.ndarray:
-    """``allocation.online_quota`` as a float array, not to be written.
+def capped_quota(allocation: Allocation, machines: Sequence[Machine], cpu: np.ndarray) -> np.ndarray:
+    """``allocation.online_quota`` capped at ``cpu`` (the cores of ``machines``), as an array not to be written.
 
-    :func:`decode_actions` keeps the array of its last result, so the simulator need not convert
-    the tuple back.
+    :func:`decode_actions` keeps the array of its last result, already capped at the cores of the
+    machines it was given: for those machines the array is the answer as it is, without another
+    conversion or cap.
     """
     last = _last_quota
-    if last is not None and last[0] is allocation.online_quota:
+    if last is not None and last[0] is allocation.online_quota and last[2] is machines:
         return last[1]
-    return np.array(allocation.online_quota, dtype=float)
+    return np.minimum(np.array(allocation.online_quota, dtype=float), cpu)
 
 
 _last_cores: tuple[Sequence[Machine], tuple[np.ndarray, list[np.ndarray]]] | None = None
@@ -193,5 +194,5 @@ def decode_actions(
     object.__setattr__(allocation, "online_quota", online_quota)
     object.__setattr__(allocation, "queue_order", batch.queue_order)
     object.__setattr__(allocation, "admission_fraction", batch.admission_fraction)
-    _last_quota = (online_quota, quota)  # the array is ours alone: nothing writes to it
+    _last_quota = (online_quota, quota, machines)  # the array is ours alone: nothing writes to it
     return allocation

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cluster_sim._structures import TOL, MachineIndex, OrderedQueue
-from cluster_sim.allocation import Allocation, QueueOrder, quota_array
+from cluster_sim.allocation import Allocation, QueueOrder, capped_quota
 from cluster_sim.models import (
     CostBreakdown,
     ProcessState,
@@ -19,6 +19,7 @@ from cluster_sim.models import (
     QueueRow,
     SimulationObservation,
     SimulationReport,
+    new_observation,
 )
 from cluster_sim.processes import ProcessFlow
 
@@ -48,14 +49,18 @@ _add_reduce = np.add.reduce
 # States of the batch CPU in use summed per numpy call.
 _USE_ROWS = 256
 
-# Demand samples whose online shortfall is computed per numpy call (until the quota changes).
-_SHORTFALL_AHEAD = 8
+# Above this many integration steps or shortfall segments pending, they are added up (memory stays bounded).
+_SHORTFALL_STEPS = 4096
+_SHORTFALL_SEGMENTS = 256
 
 # Above this many queued processes, a placement pass filters the queue with numpy first.
 _LONG_QUEUE = 48
 
 # Up to this many machines whose free resources grew, an older process is checked against each first.
 _FEW_GROWN = 4
+
+# Quota changes whose size is summed per numpy call.
+_QUOTA_CHANGES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +136,7 @@ class _FlowTables:
     fifo_release: list[float]  # release times in FIFO order
     release_process: list[int]  # processes in FIFO order: the order equal release times are handled in
     release_time: list[float]  # fifo_release and a final infinity
-    demand_samples: np.ndarray  # (samples, machines) cores; a row serves as the current demand
+    demand_rows: np.ndarray  # (1 + samples, machines) cores: zero (before the first sample), then each sample
     demand_time: list[float]  # sample times and a final infinity
 
     @classmethod
@@ -165,7 +170,8 @@ class _FlowTables:
             QueueOrder.DOMINANT_SHARE: np.lexsort((index, p_release, share)),
         }
         demand_samples = np.array([s.cpu for s in flow.demand], dtype=float).reshape(len(flow.demand), len(machines))
-        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_samples):
+        demand_rows = np.concatenate([np.zeros((1, len(machines))), demand_samples])
+        for array in (cpu, batch_memory, p_release, p_cpu, p_memory, p_duration, demand_rows):
             array.flags.writeable = False
         fifo_release = p_release[fifo].tolist()
         return cls(
@@ -184,7 +190,7 @@ class _FlowTables:
             fifo_release=fifo_release,
             release_process=fifo.tolist(),
             release_time=[*fifo_release, math.inf],
-            demand_samples=demand_samples,
+            demand_rows=demand_rows,
             demand_time=[*(s.time for s in flow.demand), math.inf],
         )
 
@@ -242,6 +248,7 @@ class ClusterSimulator:
         self._release_process = tables.release_process
         self._release_time = tables.release_time
         self._next_release = 0
+        self._n_processes = n
 
         # Per process, as Python lists (an element costs less to write than a numpy scalar; the
         # reports gather them into arrays).
@@ -251,16 +258,16 @@ class ClusterSimulator:
         self._finish = [math.nan] * n
         self._target = [0.0] * n  # the machine's virtual clock value at which the process is done
 
-        self._demand_samples = tables.demand_samples
+        self._demand_rows = tables.demand_rows
         self._demand_time = tables.demand_time
-        self._next_demand = 0
-        self._demand = np.zeros(m_count)  # cores
+        self._next_demand = 0  # the demand in effect is _demand_rows[_next_demand], cores
         self._quota = np.zeros(m_count)  # cores
         self._budget_array = self._cpu.copy()  # cores batch processes may use, kept with quota and demand
         self._budget_list: list[float] = self._budget_array.tolist()
         self._requested = [0.0] * m_count  # cores requested by running processes
         self._requested_array = np.zeros(m_count)  # the same values, for the sums over machines
         self._memory_used = [0.0] * m_count
+        self._memory_used_array = np.zeros(m_count)  # the same values, for the observation
         self._virtual = [0.0] * m_count  # full-speed seconds elapsed on the machine
         self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
@@ -270,17 +277,19 @@ class ClusterSimulator:
         # Batch CPU in use, summed over machines as numpy sums them, once per batch of states: each
         # state's per-machine values are a row, and each integration step notes its row and length.
         self._use_rows = np.zeros((_USE_ROWS, m_count))
-        self._use_row_count = 0
-        self._use_steps: list[tuple[int, float]] = []
+        self._use_steps: list[float] = []  # the seconds of each integration step since the last sum
+        self._use_row_first: list[int] = []  # per row in use, the index of its first step in _use_steps
         self._version = [0] * m_count
         self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
         self._changed: set[int] = set()  # machines whose batch budget or requested CPU changed
+        self._all_changed = False  # every machine's budget changed (an allocation): as if all were in _changed
         self._touched: set[int] = set()  # machines whose set of running processes changed
         self._free = MachineIndex([0.0] * m_count, self._batch_memory_list)
-        self._stale: set[int] = set(range(m_count))  # machines whose entry in _free is out of date
+        self._stale: set[int] = set()  # machines whose entry in _free is out of date
+        self._all_stale = True  # every machine's entry in _free is out of date: as if all were in _stale
         self._memory_stale: set[int] = set(range(m_count))  # those of them whose memory in use changed
-        self._every = frozenset(range(m_count))
+        self._every = range(m_count)
         self._dirty = False
         self._fresh: list[int] = []  # processes released since the last placement pass
 
@@ -292,18 +301,24 @@ class ClusterSimulator:
         self._n_running = 0
         self._n_finished = 0
         self._queued_cpu = 0.0
-        self._shortfall_rate = 0.0  # cores
-        self._shortfall_ahead: list[float] = []  # shortfall of samples from _shortfall_from on, current quota
-        self._shortfall_from = 0
+        # The online shortfall integrated lazily: the seconds counted of each integration step, and the
+        # segments of steps under one demand row and one quota, (first step, row of _demand_rows, quota).
+        # The shortfall rate of every segment is computed per numpy call when they are added up.
+        self._shortfall_steps: list[float] = []
+        self._shortfall_segments: list[tuple[int, int, np.ndarray]] = []
         self._batch_use_rate = 0.0  # cores, when no row is pending
         self._use_rate_stale = False  # requests or rates changed since the last row
         self._shortfall = 0.0  # core-seconds after the warm-up
         self._unfinished = 0.0  # process-seconds after the warm-up
-        self._quota_change = 0.0  # cores after the warm-up
+        self._quota_change = 0.0  # cores after the warm-up, up to the changes still pending
+        # Quota changes (old, new) after the warm-up not yet added to _quota_change: summed per numpy call.
+        self._quota_changes: list[tuple[np.ndarray, np.ndarray]] = []
         self._batch_used = 0.0  # core-seconds
         self._events = 0
 
-        self._heap: list[tuple[float, int, int, object]] = []
+        # (time, priority, sequence, allocation) or (time, priority, sequence, machine, version) of a
+        # completion; the unique sequence numbers order equal times, so the rest is never compared.
+        self._heap: list[tuple[float, int, int, Allocation] | tuple[float, int, int, int, int]] = []
         self._sequence = n + len(flow.demand)  # the flow's own events come first at equal keys
 
         if initial_allocation is None:
@@ -313,7 +328,7 @@ class ClusterSimulator:
         self._quota = np.minimum(np.array(initial_allocation.online_quota, dtype=float), self._cpu)
         self._order = QueueOrder(initial_allocation.queue_order)
         self._fraction = initial_allocation.admission_fraction
-        self._shortfall_rate = float(np.maximum(self._demand - self._quota, 0.0).sum())
+        self._shortfall_segments.append((0, 0, self._quota))
         self._set_budget()
 
     # Public API -----------------------------------------------------------------------------
@@ -379,16 +394,27 @@ class ClusterSimulator:
         demand_time = self._demand_time
         warmup = self._config.warmup
         complete = self._complete
+        version = self._version
+        changed = self._changed
+        touched = self._touched
+        update_rate = self._update_rate
+        use_steps = self._use_steps
+        use_row_first = self._use_row_first
+        # A row of batch CPU in use is copied through memoryviews (cheaper than numpy's item assignment).
+        m_count = len(self._use)
+        use_now = memoryview(self._use)
+        use_rows = memoryview(self._use_rows.reshape(-1))
+        shortfall_steps = self._shortfall_steps
         state = self._state
         fresh = self._fresh
         p_cpu = self._p_cpu_list
+        next_release = self._next_release
+        next_demand = self._next_demand
+        release_at = release_time[next_release]
+        demand_at = demand_time[next_demand]
         while True:
-            # The next instant: the earliest of the heap, the next demand sample and the next release.
-            next_release = self._next_release
-            next_demand = self._next_demand
-            now = release_time[next_release]
-            if demand_time[next_demand] < now:
-                now = demand_time[next_demand]
+            # The next instant: the earliest of the next release, the next demand sample and the heap.
+            now = release_at if release_at < demand_at else demand_at
             if heap and heap[0][0] < now:
                 now = heap[0][0]
             if not now <= target:
@@ -398,36 +424,40 @@ class ClusterSimulator:
             elapsed = now - previous
             if elapsed > 0:
                 if self._use_rate_stale:
-                    row = self._use_row_count
+                    row = len(use_row_first)
                     if row == _USE_ROWS:
                         self._flush_use()
                         row = 0
-                    self._use_rows[row] = self._use
-                    self._use_row_count = row + 1
+                    start = row * m_count
+                    use_rows[start : start + m_count] = use_now
+                    use_row_first.append(len(use_steps))
+                    use_steps.append(elapsed)
                     self._use_rate_stale = False
-                    self._use_steps.append((row, elapsed))
-                elif self._use_row_count:
-                    self._use_steps.append((self._use_row_count - 1, elapsed))
+                elif use_row_first:
+                    use_steps.append(elapsed)
                 else:
                     self._batch_used += self._batch_use_rate * elapsed
                 counted = now - (previous if previous > warmup else warmup)
                 if counted > 0:
-                    self._shortfall += self._shortfall_rate * counted
+                    shortfall_steps.append(counted)
                     self._unfinished += (self._n_queued + self._n_running) * counted
             self._time = now
             handled = self._events
             # At one instant: completions, then allocations (both in the heap, by priority and
             # sequence), then the demand sample, then releases in FIFO order.
             while heap and heap[0][0] == now:
-                _, kind, _, payload = heappop(heap)
-                if kind == _COMPLETION:
-                    complete(*payload)  # type: ignore[misc]
+                entry = heappop(heap)
+                if entry[1] == _COMPLETION:
+                    j = entry[3]
+                    if entry[4] == version[j]:  # else superseded: the machine's rate or next completion changed
+                        complete(j)
                 else:
-                    self._apply(payload)  # type: ignore[arg-type]
-            if demand_time[next_demand] == now:
+                    self._apply(entry[3])
+            if demand_at == now:
+                next_demand += 1
                 self._set_demand(next_demand)
-                self._next_demand = next_demand + 1
-            if release_time[next_release] == now:
+                demand_at = demand_time[next_demand]
+            if release_at == now:
                 # Releases, in FIFO order: each process enters the queues in the placement pass
                 # that follows, unless it starts there.
                 first = next_release
@@ -440,6 +470,7 @@ class ClusterSimulator:
                     next_release += 1
                 count = next_release - first
                 self._next_release = next_release
+                release_at = release_time[next_release]
                 self._queued_cpu = queued_cpu
                 self._events += count
                 self._n_released += count
@@ -452,12 +483,26 @@ class ClusterSimulator:
                     self._schedule()
                 else:
                     self._dirty = False  # nothing to place (and so nothing fresh)
-            if self._changed:
+            if changed:
+                if len(changed) == 1 and not self._all_changed:
+                    # The common case: a process started or finished on one machine (the machines whose
+                    # running processes changed are among those changed, so at most this one).
+                    j = changed.pop()
+                    if touched:
+                        touched.clear()
+                        update_rate(j, True)
+                    else:
+                        update_rate(j, False)
+                else:
+                    self._update_rates()
+            elif self._all_changed:
                 self._update_rates()
             if on_event is not None:
                 on_event(self.observe(queue_rows=0))
         self._integrate(target)
         self._time = target
+        if len(shortfall_steps) > _SHORTFALL_STEPS:
+            self._flush_shortfall()
         return self.observe(queue_rows=queue_rows)
 
     def observe(self, *, queue_rows: int = 16) -> SimulationObservation:
@@ -475,20 +520,21 @@ class ClusterSimulator:
                 )
                 for i in self._queues[self._order].processes(queue_rows)
             )
-        return SimulationObservation(
-            time=self._time,
-            demand=self._demand.copy(),
-            online_quota=self._quota.copy(),
-            batch_budget=self._budget_array.copy(),
-            batch_cpu_requested=self._requested_array.copy(),
-            batch_cpu_in_use=self._requested_array * self._rate_array,
-            batch_memory_in_use=np.array(self._memory_used),
-            queued=self._n_queued,
-            running=self._n_running,
-            finished=self._n_finished,
-            unreleased=len(self._flow.processes) - self._n_released,
-            queued_cpu=max(self._queued_cpu, 0.0),
-            queue=rows,
+        queued_cpu = self._queued_cpu
+        return new_observation(
+            self._time,
+            self._demand_rows[self._next_demand].copy(),
+            self._quota.copy(),
+            self._budget_array.copy(),
+            self._requested_array.copy(),
+            self._use.copy(),  # requested × rate per machine, the batch CPU in use
+            self._memory_used_array.copy(),
+            self._n_queued,
+            self._n_running,
+            self._n_finished,
+            self._n_processes - self._n_released,
+            0.0 if queued_cpu < 0.0 else queued_cpu,  # max(queued_cpu, 0.0)
+            rows,
         )
 
     def status(self, name: str) -> ProcessStatus:
@@ -557,13 +603,14 @@ class ClusterSimulator:
     def costs(self) -> CostBreakdown:
         """The cost terms so far (the ``costs`` of :meth:`report`, without the other totals)."""
         config = self._config
-        shortfall = config.shortfall_weight * self._shortfall
+        quota_change = self._flush_quota_changes()
+        shortfall = config.shortfall_weight * self._flush_shortfall()
         unfinished = config.unfinished_weight * self._unfinished
-        change = config.quota_change_weight * self._quota_change
+        change = config.quota_change_weight * quota_change
         return CostBreakdown(
             float(self._shortfall),
             float(self._unfinished),
-            float(self._quota_change),
+            float(quota_change),
             float(shortfall),
             float(unfinished),
             float(change),
@@ -572,64 +619,91 @@ class ClusterSimulator:
 
     # Events ---------------------------------------------------------------------------------
 
-    def _push(self, time: float, priority: int, payload: object) -> None:
-        heapq.heappush(self._heap, (time, priority, self._sequence, payload))
+    def _push(self, time: float, priority: int, allocation: Allocation) -> None:
+        heapq.heappush(self._heap, (time, priority, self._sequence, allocation))
         self._sequence += 1
 
-    def _set_demand(self, k: int) -> None:
+    def _set_demand(self, row: int) -> None:
+        """Demand sample ``row - 1`` takes effect (``_demand_rows[row]``)."""
         self._events += 1
-        demand = self._demand_samples[k]
-        self._demand = demand
+        self._next_demand = row
         if self._config.borrowing:
-            # Only the machines whose budget changed need new rates and free resources.
-            old = self._budget_array
+            # The budget of most machines changes with their demand: all are recomputed in bulk (on a
+            # machine whose budget did not change, rate and free resources come out as they were).
             self._set_budget()
-            moved = (self._budget_array != old).nonzero()[0].tolist()
-            if len(moved) == len(self._every):
-                self._changed |= self._every
-                self._stale |= self._every
-            else:
-                self._changed.update(moved)
-                self._stale.update(moved)
+            self._all_changed = True
+            self._all_stale = True
             self._dirty = True
-        offset = k - self._shortfall_from
-        ahead = self._shortfall_ahead
-        if not 0 <= offset < len(ahead):
-            # The shortfall of the next samples under the current quota, one row per sample (a row-wise
-            # reduction sums each row exactly as summing it alone does).
-            rows = np.maximum(self._demand_samples[k : k + _SHORTFALL_AHEAD] - self._quota, 0.0)
-            ahead = self._shortfall_ahead = _add_reduce(rows, axis=1).tolist()
-            self._shortfall_from = k
-            offset = 0
-        self._shortfall_rate = ahead[offset]
+        self._new_shortfall_segment(row, self._quota)
 
     def _apply(self, allocation: Allocation) -> None:
         self._events += 1
-        quota = np.minimum(quota_array(allocation), self._cpu)
+        quota = capped_quota(allocation, self._flow.machines, self._cpu)
         if self._time >= self._config.warmup:
-            self._quota_change += float(_add_reduce(np.absolute(quota - self._quota)))
+            changes = self._quota_changes
+            changes.append((self._quota, quota))  # neither array is ever written
+            if len(changes) == _QUOTA_CHANGES:
+                self._flush_quota_changes()
         self._quota = quota
         order = allocation.queue_order  # a QueueOrder since Allocation.__post_init__
         self._order = order if type(order) is QueueOrder else QueueOrder(order)
         self._fraction = allocation.admission_fraction
-        k = self._next_demand - 1  # the demand sample in effect, if any
-        if k >= 0:
-            # The shortfall of it and the next samples under the new quota, as _set_demand computes it.
-            rows = np.maximum(self._demand_samples[k : k + _SHORTFALL_AHEAD] - quota, 0.0)
-            ahead = self._shortfall_ahead = _add_reduce(rows, axis=1).tolist()
-            self._shortfall_from = k
-            self._shortfall_rate = ahead[0]
-        else:
-            self._shortfall_rate = float(_add_reduce(np.maximum(self._demand - quota, 0.0)))
-            self._shortfall_ahead = []  # computed under the old quota
+        self._new_shortfall_segment(self._next_demand, quota)  # the demand sample in effect, if any
         self._set_budget()
-        self._changed |= self._every
-        self._stale |= self._every
+        self._all_changed = True
+        self._all_stale = True
         self._dirty = True
 
-    def _complete(self, j: int, version: int) -> None:
-        if version != self._version[j]:
-            return  # superseded: the machine's rate or next completion changed since it was scheduled
+    def _new_shortfall_segment(self, row: int, quota: np.ndarray) -> None:
+        """From now on the online shortfall is that of ``_demand_rows[row]`` above ``quota``."""
+        segments = self._shortfall_segments
+        steps = len(self._shortfall_steps)
+        if segments[-1][0] == steps:
+            segments[-1] = (steps, row, quota)  # the last segment had no step
+        else:
+            segments.append((steps, row, quota))
+            if len(segments) > _SHORTFALL_SEGMENTS or steps > _SHORTFALL_STEPS:
+                self._flush_shortfall()
+
+    def _flush_shortfall(self) -> float:
+        """Add the pending integration steps to the online shortfall, in time order; returns the total."""
+        steps = self._shortfall_steps
+        segments = self._shortfall_segments
+        if steps:
+            # Σ max(demand - quota, 0) per segment, one row per segment (row-wise, each row sums as it
+            # would alone).
+            demand = self._demand_rows[[row for _, row, _ in segments]]
+            quota = np.array([quota for _, _, quota in segments])
+            rates = _add_reduce(np.maximum(demand - quota, 0.0), axis=1).tolist()
+            ends = [first for first, _, _ in segments[1:]]
+            ends.append(len(steps))
+            total = self._shortfall
+            for (first, _, _), end, rate in zip(segments, ends, rates, strict=True):
+                for counted in steps[first:end]:
+                    total += rate * counted
+            self._shortfall = total
+            steps.clear()
+        _, row, quota = segments[-1]
+        segments.clear()
+        segments.append((0, row, quota))
+        return self._shortfall
+
+    def _flush_quota_changes(self) -> float:
+        """Add the pending quota changes to the quota change, in time order; returns the total."""
+        changes = self._quota_changes
+        if changes:
+            # Σ |new - old| per change, one row per change (row-wise, each row sums as it would alone).
+            old = np.array([before for before, _ in changes])
+            new = np.array([after for _, after in changes])
+            total = self._quota_change
+            for size in _add_reduce(np.absolute(new - old), axis=1).tolist():
+                total += size
+            self._quota_change = total
+            changes.clear()
+        return self._quota_change
+
+    def _complete(self, j: int) -> None:
+        """Finish the processes due on machine ``j`` now (at its completion event, not superseded)."""
         self._events += 1
         now = self._time
         virtual = self._virtual[j]
@@ -638,7 +712,7 @@ class ClusterSimulator:
             virtual += self._rate[j] * elapsed
             self._virtual[j] = virtual
         self._virtual_at[j] = now
-        limit = virtual + 1e-9 * max(1.0, abs(virtual))
+        limit = virtual + 1e-9 * (virtual if virtual > 1.0 else 1.0)  # the clock never runs backwards
         running = self._running[j]
         p_cpu = self._p_cpu_list
         p_memory = self._p_memory_list
@@ -665,6 +739,7 @@ class ClusterSimulator:
         self._use[j] = requested * self._rate[j]
         self._use_rate_stale = True
         self._memory_used[j] = memory_used
+        self._memory_used_array[j] = memory_used
         self._changed.add(j)
         self._touched.add(j)
         self._stale.add(j)
@@ -676,7 +751,7 @@ class ClusterSimulator:
     def _set_budget(self) -> None:
         """Recompute the batch budget per machine; called wherever the quota or (when borrowing) demand changes."""
         if self._config.borrowing:
-            budget = self._cpu - np.minimum(self._quota, self._demand)
+            budget = self._cpu - np.minimum(self._quota, self._demand_rows[self._next_demand])
         else:
             budget = self._cpu - self._quota
         self._budget_array = budget
@@ -690,7 +765,8 @@ class ClusterSimulator:
             (when ``grew_needed``; else the list may be empty whatever grew).
         """
         stale = self._stale
-        if not stale:
+        all_stale = self._all_stale
+        if not stale and not all_stale:
             return []
         fraction = self._fraction
         budget = self._budget_list
@@ -698,15 +774,19 @@ class ClusterSimulator:
         batch_memory = self._batch_memory_list
         memory_used = self._memory_used
         free = self._free
-        if len(stale) > _BULK:
-            # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's).
-            cpu_array = fraction * self._budget_array - self._requested_array
+        if all_stale or len(stale) > _BULK:
+            # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's;
+            # 1.0 × a budget is the budget).
+            if fraction == 1.0:
+                cpu_array = self._budget_array - self._requested_array
+            else:
+                cpu_array = fraction * self._budget_array - self._requested_array
             new_cpu = cpu_array.tolist()
             # Only the machines whose memory in use changed have another free memory now.
             new_memory = free.memory
             if grew_needed:
                 old_cpu = free.cpu
-                grew = [j for j in stale if new_cpu[j] > old_cpu[j]]
+                grew = [j for j in (self._every if all_stale else stale) if new_cpu[j] > old_cpu[j]]
                 for j in self._memory_stale:
                     memory = batch_memory[j] - memory_used[j]
                     if memory > new_memory[j] and not new_cpu[j] > old_cpu[j]:
@@ -732,6 +812,7 @@ class ClusterSimulator:
                 if cpu != old_cpu or memory != old_memory:
                     free.set(j, cpu, memory)
         stale.clear()
+        self._all_stale = False
         self._memory_stale.clear()
         return grew
 
@@ -756,7 +837,22 @@ class ClusterSimulator:
         ):
             # Only fresh processes are queued and none is aged: the pass walks them in the queue's
             # order, and only those that do not start enter the queues.
-            self._refresh_free(grew_needed=False)
+            if self._stale or self._all_stale:
+                self._refresh_free(grew_needed=False)
+            if len(fresh) == 1:
+                # The usual case below saturation: one process released and placed at once.
+                i = fresh.pop()
+                free = self._free
+                cpu = self._p_cpu_list[i]
+                # The most free CPU bounds what can start; best fit checks the memory itself.
+                if cpu <= free.keys[-1] + _TOL:
+                    j = free.best_fit(cpu, self._p_memory_list[i])
+                    if j >= 0:
+                        self._start_on(i, j)
+                        return
+                for queue in self._queues.values():
+                    queue.add(i)
+                return
             self._place_fresh(fresh)
             fresh.clear()
             return
@@ -909,43 +1005,52 @@ class ClusterSimulator:
         """Start process ``i`` (queued, out of the queues) on machine ``j``."""
         cpu = self._p_cpu_list[i]
         memory = self._p_memory_list[i]
-        free = self._free
         now = self._time
+        rate = self._rate[j]
+        virtual = self._virtual[j]
         elapsed = now - self._virtual_at[j]
         if elapsed > 0:
-            self._virtual[j] += self._rate[j] * elapsed
+            virtual += rate * elapsed
+            self._virtual[j] = virtual
         self._virtual_at[j] = now
-        target = self._virtual[j] + self._p_duration_list[i]
+        target = virtual + self._p_duration_list[i]
         heapq.heappush(self._running[j], (target, i))
         self._state[i] = _RUNNING
         self._machine_of[i] = j
-        self._start[i] = self._time
+        self._start[i] = now
         self._target[i] = target
         requested = self._requested[j] + cpu
         self._requested[j] = requested
         self._requested_array[j] = requested
-        self._use[j] = requested * self._rate[j]
+        self._use[j] = requested * rate
         self._use_rate_stale = True
-        self._memory_used[j] += memory
+        memory_used = self._memory_used[j] + memory
+        self._memory_used[j] = memory_used
+        self._memory_used_array[j] = memory_used
+        # Within the pass the index takes the request off the free resources; the next pass
+        # recomputes them from the budget (stale).
+        free = self._free
         free.set(j, free.cpu[j] - cpu, free.memory[j] - memory)
         self._stale.add(j)
         self._memory_stale.add(j)
-        self._n_queued -= 1
+        queued = self._n_queued - 1
+        self._n_queued = queued
         self._n_running += 1
-        self._queued_cpu = self._queued_cpu - cpu if self._n_queued else 0.0
+        self._queued_cpu = self._queued_cpu - cpu if queued else 0.0
         self._changed.add(j)
         self._touched.add(j)
 
     def _update_rates(self) -> None:
         """New rates on the machines whose budget or requests changed, new completions where needed."""
         changed = self._changed
-        if not changed:
+        all_changed = self._all_changed
+        if not changed and not all_changed:
             return
-        if len(changed) == 1 and self._touched <= changed:
-            # The common case, one machine (a process started or finished there), without the sets.
-            (j,) = changed
+        if len(changed) == 1 and not all_changed:
+            # One machine (a process started or finished there), without the sets; the machines whose
+            # running processes changed are among those changed.
+            j = changed.pop()
             touched = bool(self._touched)
-            changed.clear()
             self._touched.clear()
             self._update_rate(j, touched)
             return
@@ -956,12 +1061,11 @@ class ClusterSimulator:
         moved: list[int] = []
         # Proportional slow-down: every process on the machine gets the same fraction of its request.
         candidates: Iterable[int] = changed
-        if len(changed) > _BULK:
+        if all_changed or len(changed) > _BULK:
             # Over every machine: only one slowed down before or now can have a rate other than 1
             # (one whose budget and requests did not change keeps its rate).
-            available = np.maximum(self._budget_array, 0.0)
-            slowed = (self._requested_array > available + _TOL).nonzero()[0].tolist()
-            candidates = self._slowed.union(slowed)
+            candidates = self._slowed.union(self._maybe_slowed())
+            self._all_changed = False
         budget = self._budget_list
         requested_list = self._requested
         new_rates = []
@@ -1017,10 +1121,27 @@ class ClusterSimulator:
                     virtual[j] += rate_j * elapsed
                 virtual_at[j] = now
                 finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
-                heapq.heappush(heap, (finish, _COMPLETION, self._sequence, (j, version_j)))
+                heapq.heappush(heap, (finish, _COMPLETION, self._sequence, j, version_j))
                 self._sequence += 1
         changed.clear()
         touched.clear()
+
+    def _maybe_slowed(self) -> Iterable[int]:
+        """Machines that may request more than their budget: every machine whose requests exceed it, maybe more.
+
+        A machine whose requests exceed its budget has negative free CPU (``fraction ≤ 1``), and the
+        machines with negative free CPU come first in the best-fit index; the entries of stale machines
+        may be out of date, so they are added. The index is brought up to date first if most of it is
+        stale, unless processes are queued: then the next placement pass needs to know which machines'
+        free resources grew since the last, and numpy finds the machines instead.
+        """
+        if self._all_stale or len(self._stale) > _BULK:
+            if self._n_queued:
+                return (self._requested_array > self._budget_array).nonzero()[0].tolist()
+            # Nothing is queued, so the next placement pass considers only the processes released by
+            # then, whatever grew.
+            self._refresh_free(grew_needed=False)
+        return [*self._free.below(0.0), *self._stale]
 
     def _update_rate(self, j: int, touched: bool) -> None:
         """:meth:`_update_rates` for machine ``j`` alone (``touched``: whether its running processes changed)."""
@@ -1061,8 +1182,10 @@ class ClusterSimulator:
             if elapsed > 0:
                 virtual[j] += rate_j * elapsed
             virtual_at[j] = now
-            finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
-            heapq.heappush(self._heap, (finish, _COMPLETION, self._sequence, (j, version_j)))
+            left = top - virtual[j]
+            if left < 0.0:  # max(left, 0.0)
+                left = 0.0
+            heapq.heappush(self._heap, (now + left / rate_j, _COMPLETION, self._sequence, j, version_j))
             self._sequence += 1
 
     def _integrate(self, time: float) -> None:
@@ -1071,33 +1194,37 @@ class ClusterSimulator:
         if elapsed <= 0:
             return
         if self._use_rate_stale:
-            if self._use_row_count == _USE_ROWS:
+            if len(self._use_row_first) == _USE_ROWS:
                 self._flush_use()
-            self._use_rows[self._use_row_count] = self._use
-            self._use_row_count += 1
+            self._use_rows[len(self._use_row_first)] = self._use
+            self._use_row_first.append(len(self._use_steps))
             self._use_rate_stale = False
-        if self._use_row_count:
-            self._use_steps.append((self._use_row_count - 1, elapsed))
+        if self._use_row_first:
+            self._use_steps.append(elapsed)
         else:
             self._batch_used += self._batch_use_rate * elapsed
         counted = time - max(self._time, self._config.warmup)
         if counted > 0:
-            self._shortfall += self._shortfall_rate * counted
+            self._shortfall_steps.append(counted)
             self._unfinished += (self._n_queued + self._n_running) * counted
 
     def _flush_use(self) -> float:
         """Add the pending integration steps to the batch CPU used, in time order; returns the total."""
-        count = self._use_row_count
-        if count:
+        first = self._use_row_first
+        if first:
             # A row-wise reduction sums each row exactly as ``ndarray.sum`` sums it alone.
-            sums = _add_reduce(self._use_rows[:count], axis=1).tolist()
+            sums = _add_reduce(self._use_rows[: len(first)], axis=1).tolist()
+            steps = self._use_steps
+            ends = first[1:]
+            ends.append(len(steps))
             used = self._batch_used
-            for row, elapsed in self._use_steps:
-                used += sums[row] * elapsed
+            for rate, start, end in zip(sums, first, ends, strict=True):
+                for elapsed in steps[start:end]:
+                    used += rate * elapsed
             self._batch_used = used
             self._batch_use_rate = sums[-1]
-            self._use_row_count = 0
-            self._use_steps.clear()
+            first.clear()
+            steps.clear()
         return self._batch_used
 
     def _work_done(self, indices: np.ndarray) -> np.ndarray:

@@ -50,6 +50,10 @@ class ImagesConfig(BaseModel):
     insecure: bool = Field(default=False, description="The registry speaks plain HTTP.")
     buildkit_addr: str = Field(default="", description="buildkitd's address, e.g. tcp://buildkitd:1234.")
     ca_bundle: Path | None = Field(default=None, description="A CA bundle the image needs to reach the index.")
+    username: str = Field(default="", description="The registry's user, for a registry that asks for credentials.")
+    password_file: Path | None = Field(
+        default=None, description="A file holding the registry user's password (or token), read at start."
+    )
 
 
 class EnvironmentsConfig(BaseModel):

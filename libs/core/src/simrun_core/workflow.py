@@ -33,8 +33,8 @@ class TaskSpec(BaseModel):
         default=None,
         gt=0,
         allow_inf_nan=False,
-        description="The time limit of one unit of this task, seconds (SIMRUN_UNIT_TIMEOUT_S in its pods); "
-        "unset: the type's own limit, else a day.",
+        description="The time limit of one unit of this task (of an unsplit task: its run), seconds "
+        "(SIMRUN_UNIT_TIMEOUT_S in its pods); unset: the type's own limit, else a day (an unsplit task: none).",
     )
 
 

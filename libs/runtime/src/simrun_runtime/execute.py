@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from simrun_runtime.memory import kill_tree
 from simrun_runtime.merge import build_outputs, put_in_place
 from simrun_runtime.pod import (
     EXIT_DONE,
@@ -56,6 +57,18 @@ def command_environment(
     return env
 
 
+def time_limit(setup: TaskSetup, env: PodEnv) -> float | None:
+    """The time limit of the task's run: the workflow's (SIMRUN_UNIT_TIMEOUT_S), else the type's; None: none."""
+    return env.unit_timeout_s or getattr(type(setup.task_type), "unit_timeout_s", None)
+
+
+def timeout_message(setup: TaskSetup, env: PodEnv, limit_s: float) -> str:
+    return (
+        f"UnitTimeout: task {setup.task.task_id!r} ran past its time limit of {limit_s:g} s on worker "
+        f"{env.worker} and was killed"
+    )
+
+
 def run_command(
     setup: TaskSetup, env: PodEnv, outputs: dict[str, Path], scratch: Path, stopper: Stopper, keeper: ReportKeeper
 ) -> tuple[int, dict[str, Any] | None, str]:
@@ -72,12 +85,18 @@ def run_command(
         )
     except OSError as exc:
         return EXIT_FAILED, None, f"cannot start {task_type.command[0]!r}: {exc}"
+    limit_s = time_limit(setup, env)
+    deadline = time.monotonic() + limit_s if limit_s is not None else None
     while True:
         try:
             returncode = process.wait(timeout=0.5)
             break
         except subprocess.TimeoutExpired:
             pass
+        if deadline is not None and limit_s is not None and time.monotonic() >= deadline:
+            kill_tree(process.pid)  # the command and what it started
+            process.wait()
+            return EXIT_FAILED, None, timeout_message(setup, env, limit_s)
         if stopper.stopping:
             process.terminate()
             try:
@@ -115,9 +134,12 @@ def run_callable(
         task_id=setup.task.task_id,
         provenance=env.provenance,
     )
-    outcome = run_in_child(lambda: task_type.run(setup.settings, context), stopper)
+    limit_s = time_limit(setup, env)
+    outcome = run_in_child(lambda: task_type.run(setup.settings, context), stopper, limit_s=limit_s)
     if outcome.stopped:
         return EXIT_STOPPED, None, "stopped on SIGTERM"
+    if outcome.timed_out and limit_s is not None:
+        return EXIT_FAILED, None, timeout_message(setup, env, limit_s)
     if outcome.error is not None:
         print(outcome.error.rstrip(), file=sys.stderr)
         code = signal_exit_code(outcome.exitcode) if outcome.exitcode not in (0, None) else EXIT_FAILED

@@ -36,6 +36,25 @@ def put_model_root_first(model_root: Path | str | None) -> None:
         importlib.invalidate_caches()
 
 
+def _import_hint(exc: ImportError, module_name: str, model_root: Path | str | None) -> str:
+    """What to fix when a task type's module cannot be imported: a missing dependency names where dependencies
+    come from, a missing model module where the model root is."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if not missing or model_root is None:
+        return ""
+    if module_name == missing or module_name.startswith(f"{missing}."):
+        return f"; is the model root right? It is the folder holding {missing.replace('.', '/')} (give --model FOLDER)"
+    if (Path(model_root) / "pyproject.toml").is_file():
+        return (
+            f"; add the package that provides {missing.split('.')[0]!r} to the dependencies of the model's "
+            "pyproject.toml: its environment holds those only"
+        )
+    return (
+        "; a model without pyproject.toml runs in simrun's own Python: give it a pyproject.toml whose "
+        f"[project] dependencies name the package that provides {missing.split('.')[0]!r}"
+    )
+
+
 def load_task_type(name: str, model_root: Path | str | None = None) -> TaskType:
     """An instance of the task type `name`: `module:Class` imported with the model root first on `sys.path`,
     or the name of an entry point in the group `simrun.task_types`.
@@ -52,7 +71,10 @@ def load_task_type(name: str, model_root: Path | str | None = None) -> TaskType:
             obj: Any = importlib.import_module(module_name)
         except ImportError as exc:
             where = f" (model root {model_root})" if model_root else ""
-            raise TaskTypeError(f"cannot import module {module_name!r} of task type {name!r}{where}: {exc}") from exc
+            raise TaskTypeError(
+                f"cannot import module {module_name!r} of task type {name!r}{where}: {exc}"
+                f"{_import_hint(exc, module_name, model_root)}"
+            ) from exc
         for part in qualname.split("."):
             if not hasattr(obj, part):
                 raise TaskTypeError(f"module {module_name!r} has no {qualname!r}: check the task type {name!r}")
@@ -100,7 +122,8 @@ class TypeDescription(BaseModel):
     units: int | None = Field(default=None, description="The unit count of a split type for the settings.")
     cost_value: str | None = None
     unit_timeout_s: float | None = Field(
-        default=None, description="A split type's own time limit of a unit, seconds (None: none declared)."
+        default=None,
+        description="The type's own time limit of a unit (an unsplit type: its run), seconds (None: none declared).",
     )
     unit_retries: int | None = Field(default=None, description="How often a split type retries a failed unit.")
 
@@ -133,8 +156,8 @@ def describe_type(
         command=list(task_type.command) if isinstance(task_type, UnsplitTaskType) and task_type.command else None,
         doc=(cls.__doc__ or "").strip(),
     )
+    description.unit_timeout_s = getattr(cls, "unit_timeout_s", None)
     if isinstance(task_type, SplitTaskType):
-        description.unit_timeout_s = cls.unit_timeout_s  # type: ignore[attr-defined]
         description.unit_retries = cls.unit_retries  # type: ignore[attr-defined]
     if settings is None:
         return description

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +94,8 @@ class MemoryProbe:
         return None
 
 
-def process_tree_anon(root_pid: int) -> int:
-    """The sum of RssAnon (bytes) of `root_pid` and all its descendants, from /proc."""
+def _children() -> dict[int, list[int]]:
+    """Every process's children, from the parent pids in /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -106,6 +108,32 @@ def process_tree_anon(root_pid: int) -> int:
         # The command name may contain spaces and parentheses; the fields after its last ')' do not.
         fields = stat[stat.rindex(b")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def descendants(root_pid: int) -> list[int]:
+    """The pids of every descendant of `root_pid` (not itself), from /proc."""
+    children = _children()
+    found: list[int] = []
+    stack = list(children.get(root_pid, ()))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, ()))
+    return found
+
+
+def kill_tree(root_pid: int) -> None:
+    """SIGKILLs `root_pid` and every descendant it has now (a unit's solver, a simulator binary): killed alone,
+    those would be orphaned and go on computing."""
+    for pid in [root_pid, *descendants(root_pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def process_tree_anon(root_pid: int) -> int:
+    """The sum of RssAnon (bytes) of `root_pid` and all its descendants, from /proc."""
+    children = _children()
     total = 0
     stack = [root_pid]
     while stack:

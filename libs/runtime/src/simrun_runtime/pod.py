@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import RunLayout, TaskLayout
 from simrun_runtime.loading import load_task_type
-from simrun_runtime.memory import MemoryProbe, MemorySampler
+from simrun_runtime.memory import MemoryProbe, MemorySampler, kill_tree
 from simrun_runtime.record import RunRecord, TaskRecord
 from simrun_runtime.reports import SecondsSketch, WorkerEnd, WorkerReport, utcnow
 from simrun_runtime.tasktype import SettingsError, TaskType, TaskTypeError
@@ -373,10 +373,16 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _ignored(signum: int, frame: object) -> None:
+    """A handler that does nothing: SIGTERM and SIGINT pass over a pod's child."""
+
+
 def child_signals() -> None:
-    """A child of a pod ignores SIGTERM and SIGINT: the pod's main process decides how it stops."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """A child of a pod lets SIGTERM and SIGINT pass: the pod's main process decides how it stops. A handler that
+    does nothing, not SIG_IGN, which every program the child starts would inherit (a `timeout 60 solver`, an MPI
+    launcher or a solver's own clean-up would then never see SIGTERM); a handler is reset to the default at exec."""
+    signal.signal(signal.SIGTERM, _ignored)
+    signal.signal(signal.SIGINT, _ignored)
     die_with_parent()
 
 
@@ -388,6 +394,7 @@ class ChildOutcome:
     error: str | None = None
     exitcode: int | None = None
     stopped: bool = False
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -405,19 +412,30 @@ def _child_main(conn: Connection, fn: Callable[[], Any]) -> None:
     conn.close()
 
 
-def run_in_child(fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], None] | None = None) -> ChildOutcome:
-    """Runs `fn` in a forked child (user code, so SIGTERM can end it at once); `tick` runs about every second."""
+def run_in_child(
+    fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], None] | None = None, limit_s: float | None = None
+) -> ChildOutcome:
+    """Runs `fn` in a forked child (user code, so SIGTERM can end it at once); `tick` runs about every second; a
+    child still running after `limit_s` seconds is killed (`timed_out`)."""
     parent, child = MP.Pipe(duplex=False)
     process = MP.Process(target=_child_main, args=(child, fn), daemon=True)
     process.start()
     child.close()
+    deadline = time.monotonic() + limit_s if limit_s is not None else None
     message: tuple[str, Any] | None = None
     while True:
-        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper.fileno()], timeout=1.0)
+        wait_s = 1.0 if deadline is None else min(1.0, max(deadline - time.monotonic(), 0.0) + 0.01)
+        ready = multiprocessing.connection.wait([parent, process.sentinel, stopper.fileno()], timeout=wait_s)
         if stopper.stopping:
             process.kill()
             process.join()
             return ChildOutcome(stopped=True, exitcode=process.exitcode)
+        if deadline is not None and not ready and time.monotonic() >= deadline and process.is_alive():
+            if process.pid is not None:
+                kill_tree(process.pid)  # and what the run started
+            process.kill()
+            process.join()
+            return ChildOutcome(exitcode=process.exitcode, timed_out=True)
         if parent in ready:
             with contextlib.suppress(EOFError):
                 message = parent.recv()
@@ -430,11 +448,24 @@ def run_in_child(fn: Callable[[], Any], stopper: Stopper, tick: Callable[[], Non
         if tick is not None:
             tick()
     if message is None:
-        return ChildOutcome(error=f"the process died with exit code {process.exitcode}", exitcode=process.exitcode)
+        return ChildOutcome(error=f"the process {death_of(process.exitcode)}", exitcode=process.exitcode)
     kind, value = message
     if kind == "error":
         return ChildOutcome(error=value, exitcode=process.exitcode)
     return ChildOutcome(value=value, exitcode=process.exitcode)
+
+
+def death_of(returncode: int | None) -> str:
+    """How a process that gave no answer ended, in words: `died of SIGSEGV (exit code 139)`, `exited with status 3`."""
+    if returncode is None:
+        return "died (its exit status is unknown)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"died of {name} (exit code {signal_exit_code(returncode)})"
+    return f"exited with status {returncode} (os._exit or a C library's exit)"
 
 
 def signal_exit_code(returncode: int | None) -> int:

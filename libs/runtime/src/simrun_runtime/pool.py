@@ -32,6 +32,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel
 
 from simrun_runtime.ledger import Ledger, UnitRange
+from simrun_runtime.memory import kill_tree
 from simrun_runtime.pod import MP, child_signals
 from simrun_runtime.reports import SecondsSketch
 from simrun_runtime.tasktype import SplitTaskType, UnitContext, _Scratch
@@ -365,6 +366,8 @@ class UnitPool:
             for member in self.members:
                 since = member.slot[_SINCE]
                 if member.claims and since > 0 and now - since > limit_s and member.process.is_alive():
+                    if member.process.pid is not None:
+                        kill_tree(member.process.pid)  # and what the unit started, which would go on alone
                     member.process.kill()
                     member.process.join()
                     events.append(self._died(member, timed_out=True))

@@ -109,6 +109,10 @@ class TaskRecord(BaseModel):
     resources: dict[str, Any] | None = Field(default=None, description="The resolved resources it was planned with.")
     unit_timeout_s: float | None = Field(default=None, description="The workflow's time limit per unit, seconds.")
     attempts: dict[str, int] = Field(default_factory=dict, description="worker -> attempts its pod was started")
+    sigkills: dict[str, int] = Field(
+        default_factory=dict,
+        description="worker -> exits by SIGKILL without evidence of the OOM killer (one is retried, a second fails)",
+    )
     state: TaskState = TaskState.PENDING
     message: str = ""
     started_at: datetime | None = None

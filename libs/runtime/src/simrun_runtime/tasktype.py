@@ -267,9 +267,15 @@ class UnsplitTaskType(TaskType):
             letters and digits replaced by `_`).
         SIMRUN_SUMMARY: where the command may write its summary as a JSON object (else the summary is `{}`).
         SIMRUN_SCRATCH: a scratch directory on the local disk.
+
+    Class attributes:
+        unit_timeout_s: the time limit of the task's run (its one unit), seconds; past it the run is killed and
+            the task fails. A workflow's `unit_timeout_s` of the task (SIMRUN_UNIT_TIMEOUT_S) overrides it;
+            neither: no limit.
     """
 
     command: ClassVar[list[str] | None] = None
+    unit_timeout_s: ClassVar[float | None] = None
 
     def run(self, settings: Any, context: ExecContext) -> dict[str, Any] | None:
         """Runs the task, writing `context.outputs[port]`; returns its summary (or None for `{}`)."""
@@ -315,10 +321,10 @@ def check_task_type(cls: type, name: str) -> None:
             f"task type {name}: cost_setting {cls.cost_setting!r} is not a setting "
             f"(settings: {sorted(settings.model_fields)})"
         )
+    timeout = getattr(cls, "unit_timeout_s", None)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise TaskTypeError(f"task type {name}: unit_timeout_s must be a number of seconds > 0, not {timeout!r}")
     if issubclass(cls, SplitTaskType):
-        timeout = cls.unit_timeout_s
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
-            raise TaskTypeError(f"task type {name}: unit_timeout_s must be a number of seconds > 0, not {timeout!r}")
         retries = cls.unit_retries
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise TaskTypeError(f"task type {name}: unit_retries must be an integer >= 0, not {retries!r}")

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -44,6 +45,7 @@ from simrun_runtime.pod import (
     Stopper,
     TaskSetup,
     UsageError,
+    death_of,
     exception_of,
     fail,
     signal_exit_code,
@@ -275,14 +277,23 @@ class Worker:
                 continue
             failure: tuple[list[UnitRange], str, int] | None = None
             failed: TaskFailed | None = None
+            interrupted: list[UnitRange] = []
             # Every claim finished in this batch is settled before a failure ends the worker.
             for event in pool.wait(timeout=1.0, also=[self.stopper], limit_s=limit_s):
+                if self.stopper.stopping and not (isinstance(event, ClaimResult) and event.complete):
+                    # Stopping: the pod's SIGTERM also reached the programs its units started, so a unit that
+                    # failed or died now failed of the stop, not of itself; given back whole, no failure counted.
+                    interrupted += [event.claim] if isinstance(event, ClaimResult) else event.claims
+                    continue
                 if isinstance(event, ClaimResult):
                     self._learn(event)
                     failed = self._settle(ledger, progress, event) or failed
                     exhausted = False
                 elif event.timed_out:
                     failed = self._timed_out(ledger, pool, event, limit_s) or failed
+                    exhausted = False
+                elif (crash := self._crash(event)) is not None:
+                    failed = self._unit_killed(ledger, pool, event, crash, "UnitCrashed") or failed
                     exhausted = False
                 else:
                     code = signal_exit_code(event.exitcode)
@@ -293,6 +304,8 @@ class Worker:
                     names = [claim.name for claim in event.claims]
                     message = f"a worker process died (exit code {event.exitcode}) computing units {names}"
                     failure = failure or (event.claims, message, code)
+            if interrupted:
+                return self._stop(ledger, pool, list(taken_back) + interrupted)
             if failed is not None:
                 return self._end_failed(ledger, pool, list(taken_back), failed.message)
             if failure is not None:
@@ -329,15 +342,34 @@ class Worker:
             ledger.release(after, worker)
         return self._unit_failed(ledger, rest, result.error)
 
+    def _crash(self, died: ProcessDied) -> str | None:
+        """Why a pool process died of its unit's own doing (a signal other than SIGKILL, as a C extension's
+        segfault or abort, or an exit from `os._exit`), or None: a SIGKILL or a kill the cgroup counted is the
+        pod's (memory, or an operator), and a process that was computing no unit fails the pod as before."""
+        if died.unit is None or died.exitcode is None or died.exitcode == -signal.SIGKILL:
+            return None
+        if self.keeper.oom_killed():
+            return None
+        return f"the process computing unit {_killed_unit(died)} on worker {self.env.worker} {death_of(died.exitcode)}"
+
     def _timed_out(self, ledger: Ledger, pool: UnitPool, died: ProcessDied, limit_s: float) -> TaskFailed | None:
-        """A unit ran past its limit and its process was killed: the unit counts as failed, the rest of its claim
-        (whose values died with the process) is given back, the claims queued behind it go to a new process."""
+        """A unit ran past its limit and its process was killed: the unit counts as failed (`_unit_killed`)."""
+        index = _killed_unit(died)
+        detail = f"unit {index} ran past its time limit of {limit_s:g} s on worker {self.env.worker} and was killed"
+        return self._unit_killed(ledger, pool, died, detail, "UnitTimeout")
+
+    def _unit_killed(
+        self, ledger: Ledger, pool: UnitPool, died: ProcessDied, detail: str, exception: str
+    ) -> TaskFailed | None:
+        """A unit's process died (killed at the unit's time limit, or crashed): the unit counts as failed, the
+        rest of its claim (whose values died with the process) is given back, the claims queued behind it go to a
+        new process."""
         worker = self.env.worker
         pool.replace_dead()
         current, *queued = died.claims
         for claim in queued:
             pool.submit(claim)
-        index = died.unit if died.unit is not None and died.unit in current.indices() else current.first
+        index = _killed_unit(died)
         rest = current
         if index > current.first:
             halves = ledger.split(current, worker, index)
@@ -352,8 +384,7 @@ class Worker:
             rest, after = halves
             ledger.release(after, worker)
         ledger.remove_tmp_of(worker, index)
-        detail = f"unit {index} ran past its time limit of {limit_s:g} s on worker {worker} and was killed"
-        return self._unit_failed(ledger, rest, f"{detail}\nUnitTimeout: {detail}\n")
+        return self._unit_failed(ledger, rest, f"{detail}\n{exception}: {detail}\n")
 
     def _unit_failed(self, ledger: Ledger, unit: UnitRange, error: str) -> TaskFailed | None:
         """Gives a failed unit back for another try, or, past its retries, fails the task (failure.json)."""
@@ -412,6 +443,12 @@ class Worker:
         print(error.rstrip(), file=sys.stderr)
         last = error.strip().splitlines()[-1] if error.strip() else "failed"
         return self.keeper.finish(WorkerEnd.FAILED, code, f"units {[u.name for u in units]}: {last}")
+
+
+def _killed_unit(died: ProcessDied) -> int:
+    """The unit a dead pool process was computing: the one it said, else its first claim's first."""
+    current = died.claims[0]
+    return died.unit if died.unit is not None and died.unit in current.indices() else current.first
 
 
 def run_worker(env: PodEnv) -> int:

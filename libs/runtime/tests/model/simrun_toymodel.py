@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,7 +43,12 @@ class ScanSettings(TaskSettings):
     fail_unit: int | None = None
     hang_unit: int | None = Field(default=None, description="This unit hangs (the first time only with hang_once).")
     hang_once: str | None = Field(default=None, description="A file created by the first attempt at hang_unit.")
+    hang_child: str | None = Field(default=None, description="hang_unit hangs in a `sleep` child; its pid goes here.")
+    crash_unit: int | None = Field(default=None, description="This unit kills its process (once with crash_once).")
+    crash_once: str | None = Field(default=None, description="A file created by the first attempt at crash_unit.")
+    crash_how: str = Field(default="segv", description="`segv` (SIGSEGV), `abort` (SIGABRT) or `exit` (os._exit(3)).")
     say: bool = Field(default=False, description="Each unit prints a line to stdout and one to stderr.")
+    signals_to: str | None = Field(default=None, description="Unit 0 writes how its subprocesses see SIGTERM, SIGINT.")
     merge_fails: str | None = Field(default=None, description="`raise` or `list`: the merge raises, returns a list.")
 
 
@@ -64,10 +71,28 @@ class Scan(SplitTaskType):
             print(f"working on {index}", end="", file=sys.stderr)
             print("...", file=sys.stderr)
             subprocess.run([sys.executable, "-c", f"print('from a subprocess of {index}')"], check=True)
+        if settings.crash_unit == index and (settings.crash_once is None or not Path(settings.crash_once).exists()):
+            if settings.crash_once is not None:
+                Path(settings.crash_once).touch()
+            if settings.crash_how == "exit":
+                os._exit(3)
+            os.kill(os.getpid(), signal.SIGABRT if settings.crash_how == "abort" else signal.SIGSEGV)
+        if settings.signals_to is not None and index == 0:
+            probe = (
+                "import signal; print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "
+                "signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+            )
+            seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+            Path(settings.signals_to).write_text(seen.strip())
         if settings.hang_unit == index:
             first = settings.hang_once is None or not Path(settings.hang_once).exists()
             if settings.hang_once is not None:
                 Path(settings.hang_once).touch()
+            if first and settings.hang_child is not None:
+                child = subprocess.Popen(["sleep", "600"])
+                Path(settings.hang_child).write_text(str(child.pid))
+                if child.wait() != 0:
+                    raise RuntimeError(f"the unit's program ended with {child.returncode}")
             while first:
                 time.sleep(3600)
         r = 3.5 + 0.5 * (index + 0.5) / settings.points

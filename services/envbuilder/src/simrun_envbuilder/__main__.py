@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 
 from simrun_core.config import ServerConfig
 from simrun_core.rpc.auth import add_token_arguments, tokens_from_arguments
+from simrun_core.rpc.serving import serve
 
 from simrun_envbuilder.builder import EnvironmentBuilder
 from simrun_envbuilder.convert import settings_from_config
@@ -31,17 +29,12 @@ def main(argv: list[str] | None = None) -> None:
     builder = EnvironmentBuilder(settings_from_config(config))
     tokens = tokens_from_arguments(parser, args)
     bound = create_server(builder, args.address, tokens).start()
-    logging.getLogger("simrun_envbuilder").info("building environments in %s on port %d", builder.root, bound.port)
-    stopped = threading.Event()
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        stopped.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    stopped.wait()
-    bound.stop()
-    builder.close()
+    log = logging.getLogger("simrun_envbuilder")
+    serve(
+        bound,
+        cleanup=[builder.close],
+        ready=lambda: log.info("building environments in %s on port %d", builder.root, bound.port),
+    )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -421,7 +422,7 @@ class EnvironmentBuilder:
             if images is not None:  # a Python with a base image, installed here too (uv locks with it)
                 installed = [i for i in installed if i.minor in images.base_images]
             interpreter = pythons.choose(inputs.requires_python, installed, python_version)
-            seed = inputs.model_lock or _read_bytes(self.root / "models" / f"{inputs.model.ref.name}.lock")
+            seed = inputs.model_lock or _read_bytes(self._previous_lock(inputs))
             work = self.root / "tmp" / uuid.uuid4().hex
             try:
                 write_project(work, inputs, interpreter, self._runtime_wheel, self._constraints, seed)
@@ -454,8 +455,14 @@ class EnvironmentBuilder:
                 "model": inputs.model.ref.name,
             }
             _write_json(self.root / "inputs" / f"{digest}.json", record)
-            _atomic_bytes(self.root / "models" / f"{inputs.model.ref.name}.lock", locked.lock)
+            _atomic_bytes(self._previous_lock(inputs), locked.lock)
             return record
+
+    def _previous_lock(self, inputs: ModelInputs) -> Path:
+        """Where the model's last lock is kept, its next lock's seed: by its folder's name and its project's name,
+        so another project in a folder of the same name (`model`, `src`) never inherits its versions."""
+        project = re.sub(r"[^a-z0-9]+", "-", inputs.project_name.lower()).strip("-") or "project"
+        return self.root / "models" / f"{inputs.model.ref.name}.{project}.lock"
 
     def _inputs_record(self, digest: str) -> dict[str, Any] | None:
         record = _read_json(self.root / "inputs" / f"{digest}.json")

@@ -67,6 +67,17 @@ def environment_to_proto(environment: Environment) -> common_pb2.Environment:
     return message
 
 
+def _password(path: Path | None) -> str:
+    """The registry password from its file (its first line), or "" without one; `InvalidArgument` if unreadable."""
+    if path is None:
+        return ""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InvalidArgument(f"environments.images.password_file: cannot read {path}: {exc.strerror}") from None
+    return lines[0].strip() if lines else ""
+
+
 def settings_from_config(config: ServerConfig) -> BuilderSettings:
     """The builder's settings from a server's configuration (`environments:`)."""
     envs = config.environments
@@ -90,6 +101,8 @@ def settings_from_config(config: ServerConfig) -> BuilderSettings:
             buildkit_addr=envs.images.buildkit_addr,
             ca_bundle=envs.images.ca_bundle,
             index_url=envs.index_url,
+            username=envs.images.username,
+            password=_password(envs.images.password_file),
         )
     return BuilderSettings(
         root=Path(envs.root or config.home / "environments"),

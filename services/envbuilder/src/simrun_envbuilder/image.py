@@ -163,6 +163,10 @@ class RegistryClient:
                 if exc.code == 401 and attempt == 0:
                     self._token = self._authorize(exc.headers.get("WWW-Authenticate", ""))
                     continue
+                if exc.code == 401:
+                    raise RegistryError(
+                        f"{url} refused the credentials (401): check environments.images.username and password_file"
+                    ) from None
                 raise RegistryError(f"{url} answered {exc.code} {exc.reason}") from None
             except (urllib.error.URLError, OSError) as exc:
                 raise RegistryError(f"cannot reach the registry at {self._base}: {exc}") from None
@@ -174,7 +178,10 @@ class RegistryClient:
         basic = base64.b64encode(f"{self._username}:{self._password}".encode()).decode()
         if scheme.lower() == "basic":
             if not self._username:
-                raise RegistryError("the registry asks for credentials and none are configured")
+                raise RegistryError(
+                    "the registry asks for credentials and none are configured: set environments.images.username "
+                    "and password_file"
+                )
             return f"Basic {basic}"
         if scheme.lower() != "bearer":
             raise RegistryError(f"the registry asks for {scheme or 'an unknown'} authentication")

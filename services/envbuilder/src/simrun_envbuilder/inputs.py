@@ -157,6 +157,7 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
     per_snapshot: list[str] = []
     for source in sources:
         data = source.project
+        check_requirements(source)
         # PEP 517: a project without [build-system] is built by setuptools' legacy backend.
         default = {"requires": ["setuptools>=40.8.0"]} if source.project_name else {}
         for requirement in data.get("build-system", default).get("requires", []):
@@ -174,6 +175,37 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
         model_lock=_read(roots[0] / "uv.lock"),
         per_snapshot=per_snapshot,
     )
+
+
+def check_requirements(source: Source) -> None:
+    """Refuses a `[project]` whose dependencies are not a list of PEP 508 requirements, naming the first bad one,
+    before uv builds the project's metadata (where the build backend's traceback would hide the reason).
+
+    Raises:
+        InvalidArgument: dependencies or optional-dependencies of the wrong type, or a requirement that does not parse.
+    """
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    project = source.project.get("project", {})
+    prefix = f"the model's dependencies cannot be locked: {source.ref.name}/pyproject.toml"
+    groups: list[tuple[str, Any]] = [("dependencies", project.get("dependencies", []))]
+    optional = project.get("optional-dependencies", {})
+    if not isinstance(optional, dict):
+        raise InvalidArgument(f"{prefix}: [project] optional-dependencies must be a table of lists of requirements")
+    groups += [(f"optional-dependencies.{name}", value) for name, value in optional.items()]
+    for field_name, requirements in groups:
+        if not isinstance(requirements, list) or not all(isinstance(r, str) for r in requirements):
+            raise InvalidArgument(
+                f'{prefix}: [project] {field_name} must be a list of requirements, e.g. ["numpy>=2", "scipy"]'
+            )
+        for requirement in requirements:
+            try:
+                Requirement(requirement)
+            except InvalidRequirement as exc:
+                reason = str(exc).splitlines()[0]
+                raise InvalidArgument(
+                    f"{prefix}: [project] {field_name}: {requirement!r} is not a requirement ({reason})"
+                ) from None
 
 
 def tree_places(inputs: ModelInputs) -> dict[PurePosixPath, Source]:

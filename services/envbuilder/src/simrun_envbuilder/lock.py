@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,8 @@ from simrun_envbuilder.pythons import Interpreter
 from simrun_envbuilder.sandbox import build_variables, confined, interpreter_prefixes, linked_roots
 
 ROOT_NAME = "simrun-environment"
+log = logging.getLogger(__name__)
+
 REASON_LINES = 12
 """How many lines of uv's reason a refusal quotes."""
 
@@ -201,7 +205,13 @@ def run_lock(folder: Path, uv: UvSettings, interpreter: Interpreter, seeded: boo
     result = _uv_lock(folder, uv, interpreter)
     if result.returncode != 0 and seeded:
         (folder / "uv.lock").unlink(missing_ok=True)
+        refused = reason(result.stderr)
         result = _uv_lock(folder, uv, interpreter)
+        if result.returncode == 0:  # the seed, not the model, was the trouble: say so, its versions are not kept
+            log.warning(
+                "the seed lock (the model's uv.lock or its previous lock) was not usable, locked afresh: %s",
+                refused.splitlines()[0] if refused else "",
+            )
     if result.returncode != 0:
         raise InvalidArgument(f"the model's dependencies cannot be locked: {reason(result.stderr)}")
     return read_lock((folder / "uv.lock").read_bytes())
@@ -225,11 +235,38 @@ def read_lock(data: bytes) -> LockedEnvironment:
 
 
 def reason(stderr: str) -> str:
-    """The first lines of uv's reason: what it says after its progress lines, hints kept."""
+    """The first lines of uv's reason: what it says after its progress lines, hints kept, a build backend's
+    traceback cut to its exception (its frames, the lines uv would show first, say nothing to a model's author)."""
     lines = [line.rstrip() for line in stderr.splitlines() if line.strip()]
     lines = [line for line in lines if not line.startswith(("Using CPython", "Resolved ", "Building ", "Built "))]
+    lines = _without_frames(lines)
     text = "\n".join(lines[:REASON_LINES])
     return text or "uv failed without a message"
+
+
+_EXCEPTION = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit|Warning)\b(:.*)?$")
+
+
+def _without_frames(lines: list[str]) -> list[str]:
+    """`lines` with each `Traceback (most recent call last):` and its frames left out, up to its last exception
+    line (a chained traceback's last one), which is kept with what follows."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if lines[i].strip() != "Traceback (most recent call last):":
+            out.append(lines[i])
+            i += 1
+            continue
+        last = next(
+            (j for j in range(len(lines) - 1, i, -1) if _EXCEPTION.match(lines[j]) and not lines[j].startswith("hint")),
+            None,
+        )
+        if last is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        i = last
+    return out
 
 
 def _uv_lock(folder: Path, uv: UvSettings, interpreter: Interpreter) -> subprocess.CompletedProcess[str]:

@@ -27,10 +27,14 @@ class TypeDescriber(Protocol):
     """Describes task types (and checks settings, counts units) for a model root with an interpreter."""
 
     def describe(
-        self, interpreter: str, model_root: Path, requests: list[DescribeRequest]
+        self, interpreter: str, model_root: Path, requests: list[DescribeRequest], libraries: tuple[Path, ...] = ()
     ) -> list[DescribeResponse]: ...
 
     def close(self) -> None: ...
+
+
+_Key = tuple[str, str, tuple[str, ...], int]
+"""A describer process's key: the interpreter, the model root, the library snapshots it may read, its slot."""
 
 
 class _NoAnswer(Exception):
@@ -52,8 +56,8 @@ class SubprocessDescriber:
     A model root is an immutable snapshot, so what a describer imported from it never goes stale; keeping the
     process makes a submission cost a round trip instead of an interpreter start and the model's imports.
     The model's imports are user code: the process is confined as a pod is (it reads the model root and its
-    interpreter, writes only its own scratch folder) and gets the pod allow-list of variables, never the
-    server's environment.
+    interpreter and the snapshots of the model's libraries, writes only its own scratch folder) and gets the pod
+    allow-list of variables, never the server's environment.
     """
 
     def __init__(
@@ -69,11 +73,15 @@ class SubprocessDescriber:
         self._confinement = confinement or PodConfinement()
         self._per_model = per_model
         self._lock = threading.Lock()
-        self._processes: OrderedDict[tuple[str, str, int], _Process] = OrderedDict()
+        self._processes: OrderedDict[_Key, _Process] = OrderedDict()
 
-    def describe(self, interpreter: str, model_root: Path, requests: list[DescribeRequest]) -> list[DescribeResponse]:
+    def describe(
+        self, interpreter: str, model_root: Path, requests: list[DescribeRequest], libraries: tuple[Path, ...] = ()
+    ) -> list[DescribeResponse]:
+        """The descriptions of `requests`, in order; `libraries` are the run's other snapshots (the folders of the
+        model's path dependencies), which the model's imports may read as the run's pods do."""
         for attempt in range(2):
-            key, process = self._claim(interpreter, str(model_root))
+            key, process = self._claim(interpreter, str(model_root), tuple(str(p) for p in libraries))
             try:
                 process.used = time.monotonic()
                 return self._round_trip(process.proc, requests)
@@ -94,15 +102,15 @@ class SubprocessDescriber:
                 process.lock.release()
         raise AssertionError("unreachable")
 
-    def _claim(self, interpreter: str, model_root: str) -> tuple[tuple[str, str, int], _Process]:
+    def _claim(self, interpreter: str, model_root: str, libraries: tuple[str, ...]) -> tuple[_Key, _Process]:
         """A describer of the model that is free now, held: a second one starts only while the first is busy
         (concurrent submissions of one model), and with all of them busy the caller waits for the first."""
         for slot in range(self._per_model):
-            key = (interpreter, model_root, slot)
+            key = (interpreter, model_root, libraries, slot)
             process = self._process(key)
             if process.lock.acquire(blocking=False):
                 return key, process
-        key = (interpreter, model_root, 0)
+        key = (interpreter, model_root, libraries, 0)
         process = self._process(key)
         process.lock.acquire()
         return key, process
@@ -121,7 +129,7 @@ class SubprocessDescriber:
             raise EOFError(f"the describer exited with {proc.wait()}")
         return [DescribeResponse.model_validate(item) for item in json.loads(line)]
 
-    def _process(self, key: tuple[str, str, int]) -> _Process:
+    def _process(self, key: _Key) -> _Process:
         with self._lock:
             process = self._processes.get(key)
             if process is not None and process.proc.poll() is None:
@@ -129,12 +137,12 @@ class SubprocessDescriber:
                 return process
             if process is not None:
                 _stop(process)  # exited: close its pipes before replacing it
-            interpreter, model_root, _ = key
+            interpreter, model_root, libraries, _ = key
             scratch = Path(tempfile.mkdtemp(prefix="simrun-describe-"))
             command = self._confinement.command(
                 interpreter,
                 [interpreter, "-m", "simrun_runtime.describe", "--serve"],
-                PodPaths(read=(Path(model_root),), write=(scratch,)),
+                PodPaths(read=(Path(model_root), *(Path(p) for p in libraries)), write=(scratch,)),
             )
             try:
                 proc = subprocess.Popen(
@@ -157,7 +165,7 @@ class SubprocessDescriber:
                 _stop(oldest)
             return process
 
-    def _drop(self, key: tuple[str, str, int], process: _Process) -> None:
+    def _drop(self, key: _Key, process: _Process) -> None:
         with self._lock:
             if self._processes.get(key) is process:
                 del self._processes[key]

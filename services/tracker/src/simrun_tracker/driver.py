@@ -74,6 +74,8 @@ class _Backoff:
     failures: int
     first_failure: float
     next_try: float
+    cancelling: bool = False
+    """Whether the failing steps were carrying out a cancellation already (then a cancellation waits too)."""
 
 
 class Driver:
@@ -128,15 +130,18 @@ class Driver:
         for record in records:
             pods = []
             for task in record.tasks.values():
-                for worker in sorted(
-                    set(task.attempts) | {k.worker for k in record.oom_kills if k.task_id == task.task_id}
-                ):
+                workers = set(task.attempts) | set(task.sigkills)
+                for worker in sorted(workers | {k.worker for k in record.oom_kills if k.task_id == task.task_id}):
                     kills = [
                         MemoryKill(k.memory_gb, k.per_worker_gb, "recorded")
                         for k in record.oom_kills
                         if k.task_id == task.task_id and k.worker == worker
                     ]
-                    pods.append(PodHistory(task.task_id, worker, kills, task.attempts.get(worker, 0)))
+                    pods.append(
+                        PodHistory(
+                            task.task_id, worker, kills, task.attempts.get(worker, 0), task.sigkills.get(worker, 0)
+                        )
+                    )
             try:
                 self.executor.restore(RunRecovery(record.run_id, record.reservation, pods))
             except SimrunError as exc:
@@ -202,11 +207,7 @@ class Driver:
             self._wake.clear()
 
     def step(self, run_id: str) -> None:
-        """One step of a run, with its errors classified."""
-        backoff = self._backoff.get(run_id)
-        if backoff is not None and time.monotonic() < backoff.next_try:
-            self._after(run_id, backoff.next_try - time.monotonic())
-            return
+        """One step of a run, with its errors classified; a run backing off waits, unless a cancellation came."""
         lock = self.runs.run_lock(run_id)
         with lock:
             try:
@@ -216,27 +217,47 @@ class Driver:
             if record.state.final:
                 self.runs.forget_lock(run_id)
                 return
+            backoff = self._backoff.get(run_id)
+            # A cancellation requested since the run began backing off is carried out now, not after the wait.
+            waits = backoff is not None and (backoff.cancelling or not record.cancel_requested)
+            if backoff is not None and waits and time.monotonic() < backoff.next_try:
+                self._after(run_id, backoff.next_try - time.monotonic())
+                return
             self.steps += 1
             try:
-                delay = self._advance(record)
-            except SimrunError as exc:
-                if exc.transient:
-                    self._failed_transiently(record, str(exc))
-                else:
-                    self._fail_run(record, str(exc))
-                return
-            except Exception as exc:
-                log.exception("a step of run %s failed", run_id)
-                self._failed_transiently(record, f"{type(exc).__name__}: {exc}")
-                return
-            self._backoff.pop(run_id, None)
-            if delay is not None:
-                self._after(run_id, delay)
+                self._take_step(record)
+            except Exception:
+                # Recording the failure failed too (the record cannot be written, the executor refuses to end the
+                # run): the driver goes on with the other runs and comes back to this one after the longest wait.
+                log.exception("run %s: its failure could not be recorded", run_id)
+                now = time.monotonic()
+                held = self._backoff.setdefault(run_id, _Backoff(1, now, now))
+                held.next_try = now + self.config.backoff_max_s
+                held.cancelling = record.cancel_requested
+                self._after(run_id, self.config.backoff_max_s)
+
+    def _take_step(self, record: RunRecord) -> None:
+        try:
+            delay = self._advance(record)
+        except SimrunError as exc:
+            if exc.transient:
+                self._failed_transiently(record, str(exc))
+            else:
+                self._fail_run(record, str(exc))
+            return
+        except Exception as exc:
+            log.exception("a step of run %s failed", record.run_id)
+            self._failed_transiently(record, f"{type(exc).__name__}: {exc}")
+            return
+        self._backoff.pop(record.run_id, None)
+        if delay is not None:
+            self._after(record.run_id, delay)
 
     def _failed_transiently(self, record: RunRecord, error: str) -> None:
         now = time.monotonic()
         backoff = self._backoff.setdefault(record.run_id, _Backoff(0, now, now))
         backoff.failures += 1
+        backoff.cancelling = record.cancel_requested
         if now - backoff.first_failure >= self.config.give_up_s:
             self._fail_run(record, f"failing for {now - backoff.first_failure:.0f} s: {error}")
             return
@@ -272,6 +293,8 @@ class Driver:
         pods_by_task: dict[str, list[PodStatus]] = {}
         for pod in self.executor.pods(record.run_id):
             pods_by_task.setdefault(pod.spec.task_id, []).append(pod)
+        if not pods_by_task and self.executor.ordering == TaskOrdering.ADAPTER:
+            self._hand_over_again(record)
         delay = None
         failure: str | None = None
         for task in record.tasks.values():
@@ -332,16 +355,30 @@ class Driver:
             self.executor.start_run(run_spec(record, environment.environment_id, self.grace_s, environment.image))
         return None
 
+    def _hand_over_again(self, record: RunRecord) -> None:
+        """A planned run the adapter does not know (a restart before its Workflow was made): handed over again.
+
+        Only the environment knows the run's image; `start_run` leaves a run it knows as it is and adopts a
+        Workflow that exists already, so nothing runs twice.
+        """
+        if all(task.state.final for task in record.tasks.values()):
+            return
+        environment = self.environments.get(self._environment_id(record))
+        self.executor.start_run(run_spec(record, environment.environment_id, self.grace_s, environment.image))
+
     @staticmethod
     def _environment_id(record: RunRecord) -> str:
         assert record.environment, f"run {record.run_id} has no environment"
         return record.environment
 
     def _record_pods(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:
-        """Keeps in the record what a restarted tracker must re-apply: attempts and memory kills per worker."""
+        """Keeps in the record what a restarted tracker must re-apply: attempts, SIGKILLs and memory kills per
+        worker."""
         for pod in pods:
             if pod.attempts and task.attempts.get(pod.spec.worker, 0) != pod.attempts:
                 task.attempts[pod.spec.worker] = pod.attempts
+            if pod.sigkills and task.sigkills.get(pod.spec.worker, 0) != pod.sigkills:
+                task.sigkills[pod.spec.worker] = pod.sigkills
             known = [k for k in record.oom_kills if k.task_id == task.task_id and k.worker == pod.spec.worker]
             for kill in pod.memory_kills[len(known) :]:
                 record.oom_kills.append(

@@ -16,9 +16,12 @@ from typing import Any
 
 import grpc
 from simrun.v1 import common_pb2, envbuilder_pb2, envbuilder_pb2_grpc
+from simrun_core.config import TlsConfig
 from simrun_core.errors import FailedPrecondition
-from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.rpc.channel import open_channel
 from simrun_core.rpc.errors import to_domain_error
+from simrun_core.rpc.tls import service_credentials
+from simrun_core.telemetry import Telemetry
 from simrun_envbuilder import builder as domain
 from simrun_envbuilder.builder import EnvironmentBuilder
 from simrun_envbuilder.overlays import Overlays
@@ -104,10 +107,15 @@ class GrpcEnvironments:
         store: StoreLayout,
         token: str = "",
         timeout_s: float = 600.0,
+        *,
+        tls: TlsConfig | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
-        self._channel = grpc.insecure_channel(address)
+        # The one channel factory of the services: traced, the token on every call, TLS verified against `tls.ca`.
+        self._channel = open_channel(
+            address, token=token or None, telemetry=telemetry, credentials=service_credentials(tls)
+        )
         self._stub = envbuilder_pb2_grpc.EnvironmentBuilderServiceStub(self._channel)
-        self._metadata = bearer_metadata(token or None)
         self._store = store
         self._overlays = Overlays(store)
         # A lock can take minutes on a cold cache; a get answers at once.
@@ -115,7 +123,7 @@ class GrpcEnvironments:
 
     def _call(self, method: Any, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            return method(request, metadata=self._metadata, timeout=timeout_s or self._timeout_s)
+            return method(request, timeout=timeout_s or self._timeout_s)
         except grpc.RpcError as exc:
             raise to_domain_error(exc) from None
 

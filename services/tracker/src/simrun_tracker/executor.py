@@ -157,6 +157,9 @@ class RunSpec:
     run_id: str
     tasks: list[TaskSpec]
     reservation: str | None = None
+    snapshots: list[str] = field(default_factory=list)
+    """The run's snapshot folders relative to the store (`snapshots/<name>/<id>`, the model's first): all of the
+    store's snapshots its pods may read."""
 
 
 @dataclass
@@ -197,6 +200,8 @@ class PodHistory:
     worker: str
     memory_kills: list[MemoryKill] = field(default_factory=list)
     attempts: int = 0
+    sigkills: int = 0
+    """Exits by SIGKILL without evidence of the OOM killer: after one the pod runs at its retry memory."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,9 @@ class Executor(Protocol):
         ...
 
     def restore(self, recovery: RunRecovery) -> None:
-        """Re-applies what an active run's record says (reservation, memory kills, attempts) after a restart."""
+        """Re-applies what an active run's record says (memory kills, SIGKILLs, attempts, reservation) after a
+        restart; the pods' history is kept even where the reservation cannot be taken again (`NotFound`: its node
+        is gone)."""
         ...
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:

@@ -56,7 +56,9 @@ def run_spec(record: RunRecord, environment_id: str, grace_s: float, image: str 
         if task.split and not coordinator_merges(task):
             legacy = _with_image(merge_pod(record, task, environment_id, grace_s), image)
         tasks.append(TaskSpec(task.task_id, pods, depends, legacy))
-    return RunSpec(record.run_id, tasks, record.reservation)
+    # From each snapshot's name and id, never a recorded path: what a pod may read of the store's snapshots.
+    snapshots = [RELATIVE_STORE.snapshot(s.name, s.snapshot_id).as_posix() for s in record.snapshots]
+    return RunSpec(record.run_id, tasks, record.reservation, snapshots)
 
 
 def _with_image(spec: PodSpec, image: str) -> PodSpec:

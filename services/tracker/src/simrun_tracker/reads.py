@@ -211,8 +211,19 @@ class RunReader:
                 if changed:
                     self.runs.bump(run_id)
 
-    def logs(self, run_id: str, task_id: str, worker: str = "", follow: bool = False) -> Iterator[tuple[str, str]]:
+    def logs(
+        self,
+        run_id: str,
+        task_id: str,
+        worker: str = "",
+        follow: bool = False,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> Iterator[tuple[str, str]]:
         """Yields (pod log name, new lines) of a task's pods through the executor; with `follow`, until it ends.
+
+        Following a task that has not started (its inputs are not done, its environment builds) waits for it on
+        the run's version, then follows its pods; a task that ends without starting ends the stream. `alive` says
+        whether the caller still listens while it waits.
 
         Raises:
             InvalidArgument: a worker that is not one of the ledger's names (never a path or a pattern).
@@ -226,7 +237,24 @@ class RunReader:
         record = self.get(run_id)
         if task_id not in record.tasks:
             raise NotFound(f"run {run_id} has no task {task_id!r} (its tasks: {', '.join(record.tasks)})")
+        if follow:
+            started = self._started(run_id, task_id, alive)
+            if started is None:
+                return
+            record = started
         yield from self.executor.logs(run_id, task_id, worker, follow and not record.tasks[task_id].state.final)
+
+    def _started(self, run_id: str, task_id: str, alive: Callable[[], bool]) -> RunRecord | None:
+        """The run once the task's pods were started (the driver saves a task QUEUED after starting them) or the
+        task ended; None when the caller left first."""
+        while True:
+            version = self.runs.version(run_id)
+            record = self.get(run_id)
+            if record.tasks[task_id].state != TaskState.PENDING or record.state.final:
+                return record
+            while self.runs.wait(run_id, version, WATCH_CHECK_S) == version:
+                if not alive():
+                    return None
 
     def compare(self, run_ids: list[str], group: str = "") -> Comparison:
         """Puts the summary values of runs (or of a group's runs, oldest first) side by side."""

@@ -51,7 +51,7 @@ def build_executor(config: ServerConfig, store: StoreLayout, interpreters: Local
 
 
 def build_environments(
-    config: ServerConfig, store: StoreLayout, builder: EnvironmentBuilder | None
+    config: ServerConfig, store: StoreLayout, builder: EnvironmentBuilder | None, telemetry: Telemetry | None = None
 ) -> InProcessEnvironments | GrpcEnvironments | ServerEnvironments:
     """The environment port: the server's own Python (`environments.kind: server`), the builder in process, or
     its service at `config.services.envbuilder` (on this machine: pods run its venvs through local overlays)."""
@@ -60,7 +60,9 @@ def build_environments(
     if builder is not None:
         return InProcessEnvironments(builder)
     if config.services.envbuilder:
-        return GrpcEnvironments(config.services.envbuilder, store, config.service_token)
+        return GrpcEnvironments(
+            config.services.envbuilder, store, config.service_token, tls=config.tls, telemetry=telemetry
+        )
     return InProcessEnvironments(EnvironmentBuilder(settings_from_config(config)), owned=True)
 
 
@@ -80,7 +82,7 @@ def build_tracker(
         port = InProcessLearner(learner, store)
     else:
         port = GrpcLearner(config.services.learner, store, config.service_token, tls=config.tls, telemetry=telemetry)
-    environments_port = build_environments(config, store, environments)
+    environments_port = build_environments(config, store, environments, telemetry)
     return RunTracker(
         store,
         build_executor(config, store, environments_port),

@@ -66,7 +66,10 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
         self, request: tracker_pb2.StreamLogsRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.StreamLogsResponse]:
         identity = current_identity()
-        for pod, lines in self.tracker.logs(request.run_id, request.task_id, request.worker, request.follow, identity):
+        logs = self.tracker.logs(
+            request.run_id, request.task_id, request.worker, request.follow, identity, context.is_active
+        )
+        for pod, lines in logs:
             if not context.is_active():
                 return
             yield tracker_pb2.StreamLogsResponse(pod=pod, lines=lines)

@@ -57,9 +57,14 @@ def check_snapshots(store: StoreLayout, snapshots: list[SnapshotRef]) -> Path:
 
 
 def describe_tasks(
-    describer: TypeDescriber, interpreter: str, model_root: Path, workflow: Workflow
+    describer: TypeDescriber,
+    interpreter: str,
+    model_root: Path,
+    workflow: Workflow,
+    libraries: tuple[Path, ...] = (),
 ) -> dict[str, TypeDescription]:
-    """Loads every task's type in a subprocess and checks settings and inputs against it.
+    """Loads every task's type in a subprocess and checks settings and inputs against it; `libraries` are the
+    run's other snapshots, which the model's imports may read.
 
     Raises:
         InvalidArgument: an unknown task type, an unknown or misspelled setting, an input port the type does not
@@ -72,7 +77,7 @@ def describe_tasks(
         )
         for t in order
     ]
-    responses = describer.describe(interpreter, model_root, requests)
+    responses = describer.describe(interpreter, model_root, requests, libraries)
     descriptions: dict[str, TypeDescription] = {}
     for task_id, response in zip(order, responses, strict=True):
         if not response.ok or response.description is None:

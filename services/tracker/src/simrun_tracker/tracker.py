@@ -319,7 +319,8 @@ class RunTracker:
         with self.telemetry.span("planning", parent=traceparent, attributes={"simrun.run_id": run_id}):
             model_root = check_snapshots(self.store, snapshots)
             interpreter = self.interpreters.interpreter(environment.environment_id, snapshots=snapshots)
-            descriptions = describe_tasks(self.describer, interpreter, model_root, workflow)
+            libraries = tuple(s.resolve(self.store) for s in snapshots[1:])
+            descriptions = describe_tasks(self.describer, interpreter, model_root, workflow, libraries)
             for task_id, description in descriptions.items():
                 if description.split:
                     self.guard.check_units(task_id, description.units)
@@ -460,10 +461,16 @@ class RunTracker:
         return self.reader.watch(run_id, alive)
 
     def logs(
-        self, run_id: str, task_id: str, worker: str = "", follow: bool = False, identity: Identity | None = None
+        self,
+        run_id: str,
+        task_id: str,
+        worker: str = "",
+        follow: bool = False,
+        identity: Identity | None = None,
+        alive: Callable[[], bool] = lambda: True,
     ) -> Iterator[tuple[str, str]]:
         self.get(run_id, identity)
-        return self.reader.logs(run_id, task_id, worker, follow)
+        return self.reader.logs(run_id, task_id, worker, follow, alive)
 
     def compare(self, run_ids: list[str], group: str = "", identity: Identity | None = None) -> Comparison:
         if identity is not None:

@@ -45,7 +45,14 @@ from simrun_tracker.executor import (
     TaskOrdering,
     TaskSpec,
 )
-from simrun_tracker.kubernetes.api import CONFLICT, api_client, classify, status_of
+from simrun_tracker.kubernetes.api import (
+    CONFLICT,
+    api_client,
+    classify,
+    is_api_error,
+    is_transient,
+    status_of,
+)
 from simrun_tracker.kubernetes.config import KubernetesSettings
 from simrun_tracker.kubernetes.informer import Informer
 from simrun_tracker.kubernetes.names import (
@@ -97,7 +104,6 @@ class _Run:
     gone: dict[str, tuple[tuple[str, str], Attempt]] = field(default_factory=dict)
     """Pods deleted from the API (Kueue's preemptions, Argo's pod GC) by name: (task prefix, worker) and their
     last state."""
-    archived: set[str] = field(default_factory=set)
     workflow_ended: bool = False
     """The Workflow was seen in a final phase (it may since have been collected)."""
     forgotten: bool = False
@@ -140,6 +146,9 @@ class KubernetesExecutor:
         self._reserving: dict[str, str | None] = {}
         """Reservations asked for and not yet seen on the node: node -> run (None: a release under way)."""
         self._listeners: list[ChangeListener] = []
+        self._archived: set[str] = set()
+        """Ended pods whose log is archived or queued to be, whatever their run: a pod seen ended (also in the
+        first list after a restart, for a run the tracker no longer follows) is archived unless its file exists."""
         self._pending_history: dict[str, dict[tuple[str, str], PodHistory]] = {}
         """What `restore` re-applied for runs not handed over again yet."""
         self._ops: queue.Queue[tuple[str, Callable[[], None], bool] | None] = queue.Queue()
@@ -252,15 +261,20 @@ class KubernetesExecutor:
         return statuses
 
     def _finished(self, run: _Run) -> bool:
-        """Whether every task is done and the Workflow still runs; marks the run stopped once it is."""
+        """Whether every task is done while pods that would hold the Workflow open remain; marks the run stopped.
+
+        When every pod succeeded, Argo ends the Workflow itself (Succeeded, its pods collected): stopping it then
+        would only race Argo and mark a successful run's Workflow failed.
+        """
         if run.stopped or not run.submitted or not run.statuses:
             return False
         phases: dict[str, set[PodPhase]] = {}
         for status in run.statuses:
             phases.setdefault(status.spec.task_id, set()).add(status.phase)
         done = all(t in run.stopped_tasks or phases.get(t) == {PodPhase.SUCCEEDED} for t in phases)
+        left = any(status.phase is not PodPhase.SUCCEEDED for status in run.statuses)
         workflow = (self._workflows.get(run.spec.run_id) or {}).get("status") or {}
-        if done and workflow.get("phase") not in FINAL_WORKFLOW:
+        if done and left and workflow.get("phase") not in FINAL_WORKFLOW:
             run.stopped = True
             return True
         return False
@@ -294,7 +308,13 @@ class KubernetesExecutor:
 
     def release(self, run_id: str) -> None:
         with self._lock:
-            held = [n.name for n in self.nodes() if n.reserved_by == run_id]
+            # Every node the run holds, a cordoned one too (`nodes()` leaves those out, and its taint would stay).
+            labelled = {
+                o["metadata"]["name"]: (o["metadata"].get("labels") or {}).get(RESERVED)
+                for o in self._nodes_informer.items()
+            }
+            holders = {**labelled, **self._reserving}
+            held = sorted(node for node, holder in holders.items() if holder == run_id)
             for node in held:
                 self._reserving[node] = None
         for node in held:
@@ -302,6 +322,7 @@ class KubernetesExecutor:
 
     def forget(self, run_id: str) -> None:
         with self._lock:
+            self._pending_history.pop(run_id, None)
             run = self._runs.get(run_id)
             if run is not None:
                 run.forgotten = True
@@ -309,11 +330,13 @@ class KubernetesExecutor:
 
     def _drop_if_done(self, run_id: str, run: _Run) -> None:
         """Drops a forgotten run once nothing it needs is still to come: its Workflow has ended (or was never made)
-        and every ended pod of it has its log archived (archiving needs the run; a pod still stopping, too)."""
-        if not (run.workflow_ended or not run.submitted):
+        and every pod of it has ended, its log archived or queued (a pod still stopping is archived once it ends)."""
+        phase = ((self._workflows.get(run_id) or {}).get("status") or {}).get("phase")
+        # The Workflow may have ended before this tracker knew the run (adopted after a restart): no event follows.
+        if not (run.workflow_ended or not run.submitted or phase in FINAL_WORKFLOW):
             return
         for name, obj in self._pods.get(run_id, {}).items():
-            if (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or name not in run.archived:
+            if (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or name not in self._archived:
                 return
         del self._runs[run_id]
 
@@ -373,7 +396,8 @@ class KubernetesExecutor:
                     if text := path.read_text(errors="replace"):
                         yield path.name, text
             statuses = [s for s in self.pods(run_id) if s.spec.task_id == task_id]
-            if not follow or (statuses and all(s.phase.final for s in statuses)) or self._closed.is_set():
+            # No pods known of the task (a run this adapter does not follow, or no longer): nothing more will come.
+            if not follow or not statuses or all(s.phase.final for s in statuses) or self._closed.is_set():
                 return
             time.sleep(0.25)
 
@@ -399,8 +423,12 @@ class KubernetesExecutor:
             informer.stop()
 
     def _adopt_from_record(self, run_id: str) -> _Run | None:
-        """The run of an active record after a restart: its Workflow adopted, or made again if the tracker stopped
-        before it was created (None for a run still submitting: the driver hands it over once it is planned)."""
+        """The run of an active record after a restart, its Workflow adopted from the API.
+
+        None where the API shows no Workflow of the run (the tracker stopped before creating it, or the first list
+        has not arrived): the run's image is its environment's, which only the driver knows, so the driver hands
+        the run over again (`start_run`), which creates the Workflow or adopts the one that exists (409).
+        """
         layout = self.store.run(run_id)
         if not layout.record.is_file():
             return None
@@ -411,15 +439,7 @@ class KubernetesExecutor:
             return None
         workflow = self._workflows.get(run_id)
         if workflow is None:
-            spec = run_spec(record, record.environment, self.grace_s)
-            try:
-                run = _Run(spec, render_workflow(spec, self.settings), {task_node(t.task_id): t for t in spec.tasks})
-            except SimrunError as exc:
-                run = _Run(spec, {}, {task_node(t.task_id): t for t in spec.tasks}, refused=str(exc))
-            else:
-                self._queue(f"create the workflow of run {run_id} again", lambda: self._create(run_id))
-            self._runs[run_id] = run
-            return run
+            return None
         main = next((t["container"] for t in workflow.get("spec", {}).get("templates", []) if "container" in t), None)
         if main is None:
             return None
@@ -454,6 +474,7 @@ class KubernetesExecutor:
                 pods = self._pods.setdefault(run_id, {})
                 if event == "DELETED":
                     pods.pop(name, None)
+                    self._archived.discard(name)
                     run = self._runs.get(run_id)
                     if run is not None:
                         labels = obj["metadata"].get("labels") or {}
@@ -462,9 +483,8 @@ class KubernetesExecutor:
                 else:
                     pods[name] = obj
                     phase = (obj.get("status") or {}).get("phase")
-                    run = self._runs.get(run_id)
-                    if phase in ("Succeeded", "Failed") and run is not None and name not in run.archived:
-                        run.archived.add(name)
+                    if phase in ("Succeeded", "Failed") and name not in self._archived:
+                        self._archived.add(name)
                         archive = obj
             else:
                 if event == "DELETED":
@@ -626,7 +646,7 @@ class KubernetesExecutor:
 
     def _queue(self, what: str, action: Callable[[], None], *, essential: bool = True) -> None:
         """Queues a change of the cluster; one that is not essential (archiving a log) is dropped once closing,
-        since a restarted tracker lists the ended pods again and archives what is missing."""
+        since a restarted tracker lists the ended pods again and archives what is missing (`_archived`)."""
         (self._ops if essential else self._archives).put((what, action, essential))
 
     def _carry_out(self, ops: queue.Queue[tuple[str, Callable[[], None], bool] | None]) -> None:
@@ -648,7 +668,9 @@ class KubernetesExecutor:
                 except Exception as exc:
                     error = classify(exc, what)
                     if not isinstance(error, Unavailable) or self._closed.is_set():
-                        log.error("%s failed: %s", what, error)
+                        # Only the API's own transient answers are tried again: anything else (a refusal, a bug,
+                        # a store that refused a log) would fail the same way and hold up every later change.
+                        log.error("%s failed: %s", what, error, exc_info=not (is_api_error(exc) or is_transient(exc)))
                         break
                     failures += 1
                     pause = min(self.settings.backoff_max_s, 0.1 * 2 ** min(failures, 8))

@@ -55,16 +55,36 @@ def classify(exc: BaseException, what: str) -> SimrunError:
     """One of simrun's errors for a failed API call: `Unavailable` (transient), else the refusal with its message.
 
     400 and 422 (an invalid object) become `InvalidArgument`; 401, 403 (forbidden: RBAC, an admission webhook, a
-    quota), 404 (no such namespace or CRD) and anything else `FailedPrecondition`.
+    quota), 404 (no such namespace or CRD) and anything else `FailedPrecondition`. An exception that is not the
+    API's (a bug, a file the store refused) is never transient: trying it again would only repeat it.
     """
+    if is_transient(exc):
+        status = status_of(exc)
+        return Unavailable(f"{what}: {api_message(exc)} (the cluster API answered {status or 'nothing'}; retrying)")
+    if not is_api_error(exc):
+        return FailedPrecondition(f"{what}: {type(exc).__name__}: {api_message(exc)}")
     status = status_of(exc)
     message = f"{what}: {api_message(exc)}"
-    if status in TRANSIENT_STATUS:
-        return Unavailable(f"{message} (the cluster API answered {status or 'nothing'}; retrying)")
     if status in (400, 422):
         return InvalidArgument(f"{message} (refused by the cluster API, {status})")
     return FailedPrecondition(f"{message} (refused by the cluster API, {status})")
 
 
 def is_transient(exc: BaseException) -> bool:
-    return isinstance(exc, Unavailable) or status_of(exc) in TRANSIENT_STATUS
+    """Whether a failed call is worth trying again: the API unreachable, overloaded, or too slow to answer."""
+    if isinstance(exc, Unavailable):
+        return True
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        return status_of(exc) in TRANSIENT_STATUS
+    import urllib3
+
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def is_api_error(exc: BaseException) -> bool:
+    """Whether the cluster API answered (the client's `ApiException`), as opposed to an error of simrun's own."""
+    from kubernetes.client.exceptions import ApiException
+
+    return isinstance(exc, ApiException)

@@ -96,15 +96,26 @@ def attempt_from_pod(pod: Mapping[str, Any], deleted: bool = False) -> Attempt:
         return Attempt(phase=AttemptPhase.ENDED, message=status.get("message") or reason, **common)
     if phase == "Running":
         return Attempt(phase=AttemptPhase.RUNNING, **common)
-    return Attempt(phase=AttemptPhase.WAITING, message=_waiting_message(spec, conditions), **common)
+    return Attempt(phase=AttemptPhase.WAITING, message=_waiting_message(spec, status, conditions), **common)
 
 
-def _waiting_message(spec: Mapping[str, Any], conditions: Mapping[str, Any]) -> str:
+STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+"""The waiting reasons of a container on its way to start; any other (ErrImagePull, ImagePullBackOff,
+CreateContainerConfigError, …) is what a person must fix, so the message says it."""
+
+
+def _waiting_message(spec: Mapping[str, Any], status: Mapping[str, Any], conditions: Mapping[str, Any]) -> str:
     if any(g.get("name") == KUEUE_GATE for g in spec.get("schedulingGates") or []):
         return "waiting for admission by Kueue"
     scheduled = conditions.get("PodScheduled", {})
     if scheduled.get("status") == "False":
         return f"admitted, not scheduled: {scheduled.get('message') or scheduled.get('reason') or 'no node yet'}"
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason") or ""
+        if reason and reason not in STARTING:
+            detail = f": {waiting['message']}" if waiting.get("message") else ""
+            return f"not starting: container {container.get('name', '?')} {reason}{detail}"
     return "starting"
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from simrun_core.errors import FailedPrecondition, InvalidArgument
+from simrun_runtime.layout import NAME, TASK_ID
 
 from simrun_tracker.executor import (
     COORDINATOR,
@@ -153,12 +154,15 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
     image = pod.image or settings.default_image
     if not image:
         raise FailedPrecondition(
-            f"pod {pod.pod_id} has no image and the kubernetes executor has none: set executor.default_image"
+            f"pod {pod.pod_id} has no image and the kubernetes executor has none: "
+            "set executor.kubernetes.default_image (by digest)"
         )
     if "@sha256:" not in image:
         raise FailedPrecondition(f"pod {pod.pod_id}: image {image!r} is not named by digest (repo@sha256:…)")
     worker = EXTRA_WORKER if extra else pod.worker
     store = settings.store_mount
+    if not TASK_ID.fullmatch(pod.task_id):  # it names the pod's writable mount
+        raise InvalidArgument(f"pod {pod.pod_id}: task id {pod.task_id!r} is not a task id ({TASK_ID.pattern})")
     variables: dict[str, str] = {}
     for key, value in pod.contract.items():
         if not _ALLOWED_VARIABLES.match(key):
@@ -175,6 +179,12 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
         SIMRUN_SCRATCH=SCRATCH,
         # The container's own cgroup (cgroup namespaces): the runtime samples its memory and counts its OOM kills.
         SIMRUN_CGROUP="self",
+        # As a pod on this machine (DESIGN's containment): its scratch is its home (the root file system is
+        # read-only), output reaches the log at once (live logs), no user site-packages.
+        HOME=SCRATCH,
+        TMPDIR=SCRATCH,
+        PYTHONUNBUFFERED="1",
+        PYTHONNOUSERSITE="1",
     )
     memory = quantity_gib(pod.memory_gb)
     scratch_gb = getattr(pod, "scratch_gb", None) or settings.scratch_gb
@@ -185,8 +195,16 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
         builders.env_vars(variables),
         builders.resources(quantity_cores(pod.cores), memory, quantity_gib(scratch_gb), gpus),
         [
-            builders.volume_mount(STORE_VOLUME, run_dir, sub_path=f"runs/{run.run_id}"),
-            builders.volume_mount(STORE_VOLUME, f"{store}/snapshots", read_only=True, sub_path="snapshots"),
+            # The run read-only (its record, its inputs), the task's own folder the only writable part of the store
+            # (mounted after, over it), and the run's snapshots only, read-only: as a pod on this machine is confined.
+            builders.volume_mount(STORE_VOLUME, run_dir, read_only=True, sub_path=f"runs/{run.run_id}"),
+            builders.volume_mount(
+                STORE_VOLUME, f"{run_dir}/tasks/{pod.task_id}", sub_path=f"runs/{run.run_id}/tasks/{pod.task_id}"
+            ),
+            *(
+                builders.volume_mount(STORE_VOLUME, f"{store}/{snapshot}", read_only=True, sub_path=snapshot)
+                for snapshot in _snapshot_folders(run)
+            ),
             builders.volume_mount("tmp", "/tmp"),
             builders.volume_mount("scratch", SCRATCH),
         ],
@@ -218,6 +236,18 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
         executor_service_account=EXECUTOR_ACCOUNT,
         inputs=[builders.input_parameter(WORKER_PARAMETER)] if extra else [],
     )
+
+
+def _snapshot_folders(run: RunSpec) -> list[str]:
+    """The run's snapshot folders, each `snapshots/<name>/<id>` with names a store path may have, once each."""
+    folders = []
+    for folder in run.snapshots:
+        parts = folder.split("/")
+        if len(parts) != 3 or parts[0] != "snapshots" or not all(NAME.fullmatch(p) for p in parts[1:]):
+            raise InvalidArgument(f"run {run.run_id}: {folder!r} is not a snapshot folder snapshots/<name>/<id>")
+        if folder not in folders:
+            folders.append(folder)
+    return folders
 
 
 def retry_patch(pod: PodSpec) -> str:

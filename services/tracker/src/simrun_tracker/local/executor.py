@@ -33,6 +33,7 @@ from simrun_tracker.executor import (
     STORE_PATH_VARIABLES,
     ChangeListener,
     MemoryKill,
+    PodHistory,
     PodPhase,
     PodSpec,
     PodStatus,
@@ -137,7 +138,7 @@ class LocalExecutor:
         self._pod_variables = list(pod_variables or [])
         self._scratch_root = Path(tempfile.mkdtemp(prefix=f"simrun-scratch-{self.executor_id}-"))
         self._listeners: list[ChangeListener] = []
-        self._history: dict[tuple[str, str, str], tuple[list[MemoryKill], int]] = {}
+        self._history: dict[tuple[str, str, str], PodHistory] = {}
         root = detect_cgroup_root() if cgroup_root == "auto" else cgroup_root
         self._cgroups: CgroupPool | None = open_cgroups(root, self.executor_id)
         self._poll_s = poll_s
@@ -207,11 +208,13 @@ class LocalExecutor:
             for spec in pods:
                 if spec.pod_id in self._pods:
                     continue
-                kills, attempts = self._history.pop((spec.run_id, spec.task_id, spec.worker), ([], 0))
-                memory_gb = spec.retry_memory_gb if kills else spec.memory_gb
-                status = PodStatus(
-                    spec=spec, phase=PodPhase.PENDING, memory_gb=memory_gb, attempts=attempts, memory_kills=kills
-                )
+                history = self._history.pop((spec.run_id, spec.task_id, spec.worker), None)
+                status = PodStatus(spec=spec, phase=PodPhase.PENDING, memory_gb=spec.memory_gb)
+                if history is not None:
+                    status.attempts, status.sigkills = history.attempts, history.sigkills
+                    status.memory_kills = [dataclasses.replace(k) for k in history.memory_kills]
+                    if self._retried(status):
+                        status.memory_gb = spec.retry_memory_gb
                 self._pods[spec.pod_id] = _Pod(spec, status, priorities[spec.pod_id], self._next_seq())
                 self._pending[spec.pod_id] = self._pods[spec.pod_id]
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
@@ -224,13 +227,16 @@ class LocalExecutor:
         raise FailedPrecondition("the local executor starts a run's tasks one by one (start_pods), not a whole run")
 
     def restore(self, recovery: RunRecovery) -> None:
-        """Re-applies a run's reservation and each pod's memory kills and attempts, before its pods start again."""
-        if recovery.reservation:
-            self.reserve(recovery.reservation, recovery.run_id)
+        """Re-applies each pod's memory kills and attempts and the run's reservation, before its pods start again.
+
+        The history first: a reservation that cannot be taken again (its node is gone from the config) raises, and
+        must not cost the pods their kills for memory (a second one must still fail the pod).
+        """
         with self._lock:
             for pod in recovery.pods:
-                key = (recovery.run_id, pod.task_id, pod.worker)
-                self._history[key] = ([dataclasses.replace(k) for k in pod.memory_kills], pod.attempts)
+                self._history[(recovery.run_id, pod.task_id, pod.worker)] = pod
+        if recovery.reservation:
+            self.reserve(recovery.reservation, recovery.run_id)
 
     def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
         """Reads `tasks/<task>/logs/<worker>.log` of the store, from where the last read stopped.
