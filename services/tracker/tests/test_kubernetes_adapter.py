@@ -84,11 +84,18 @@ def wait_for(executor: KubernetesExecutor, check: Callable[[dict[str, PodStatus]
         time.sleep(0.02)
 
 
-def submitted(api: FakeApiServer, run_id: str = RUN, timeout: float = 10) -> None:
+def until(check: Callable[[], object], message: str = "timed out", timeout: float = 5) -> None:
+    """Waits until `check()` holds; fails with `message` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    while ("workflows", NS, f"simrun-{run_id}") not in api.cluster.objects:
-        assert time.monotonic() < deadline, "the workflow was never created"
+    while not check():
+        assert time.monotonic() < deadline, message
         time.sleep(0.02)
+
+
+def submitted(api: FakeApiServer, run_id: str = RUN, timeout: float = 10) -> None:
+    until(
+        lambda: ("workflows", NS, f"simrun-{run_id}") in api.cluster.objects, "the workflow was never created", timeout
+    )
 
 
 def test_submits_one_workflow_and_follows_a_pod_through_admission(make, api: FakeApiServer) -> None:
@@ -204,10 +211,10 @@ def test_cancel_stops_the_workflow_and_a_refused_workflow_fails_the_run(make, ap
     executor.start_run(scan_run(RUN))
     submitted(api)  # a transient error is retried
     executor.stop_pods(RUN)
-    deadline = time.monotonic() + 5
-    while not api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"].get("shutdown"):
-        assert time.monotonic() < deadline, "the workflow was not stopped"
-        time.sleep(0.02)
+    until(
+        lambda: api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"].get("shutdown"),
+        "the workflow was not stopped",
+    )
     assert api.cluster.get("workflows", NS, f"simrun-{RUN}")["spec"]["shutdown"] == "Terminate"
     pods = wait_for(executor, lambda p: all(s.phase is PodPhase.FAILED for s in p.values()))
     assert {s.message for s in pods.values()} == {"stopped"}
@@ -215,10 +222,9 @@ def test_cancel_stops_the_workflow_and_a_refused_workflow_fails_the_run(make, ap
     other = "20261201-080000-bbbbbb"
     api.cluster.fail_next("POST", "/apis/argoproj.io", 422, 'Workflow.argoproj.io "x" is invalid: spec.templates')
     executor.start_run(scan_run(other))
-    deadline = time.monotonic() + 5
-    while not all(p.phase is PodPhase.FAILED for p in executor.pods(other)):
-        assert time.monotonic() < deadline, "a refused workflow left its run waiting"
-        time.sleep(0.02)
+    until(
+        lambda: all(p.phase is PodPhase.FAILED for p in executor.pods(other)), "a refused workflow left its run waiting"
+    )
     message = executor.pods(other)[0].message
     assert "is invalid: spec.templates" in message and "422" in message
 
@@ -245,22 +251,14 @@ def test_nodes_come_from_the_api_and_a_reservation_taints_and_labels_its_node(ma
         executor.reserve("node-a", "20261201-080000-bbbbbb")
     with pytest.raises(NotFound):
         executor.reserve("node-z", RUN)
-    deadline = time.monotonic() + 5
-    while "simrun/reserved" not in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: "simrun/reserved" in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}))
     obj = api.cluster.get("nodes", "", "node-a")
     assert obj["metadata"]["labels"]["simrun/reserved"] == RUN
     assert obj["spec"]["taints"] == [{"key": "simrun/reserved", "value": RUN, "effect": "NoExecute"}]
     executor.release(RUN)
-    while "simrun/reserved" in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: "simrun/reserved" not in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}))
     assert api.cluster.get("nodes", "", "node-a")["spec"]["taints"] == []
-    deadline = time.monotonic() + 5
-    while {n.name: n.reserved_by for n in executor.nodes()}["node-a"] is not None:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: {n.name: n.reserved_by for n in executor.nodes()}["node-a"] is None)
 
 
 def test_nodes_are_unavailable_until_the_api_answers_then_listed(api, store) -> None:
@@ -381,10 +379,7 @@ def test_the_informers_list_again_after_a_410(make, api) -> None:
     name = argo.create_pod(RUN, "scan-w0", "w0")
     argo.admit(name, "node-a")
     wait_for(executor, lambda p: p["scan/w0"].phase is PodPhase.RUNNING)
-    deadline = time.monotonic() + 5
-    while pods_informer.relists == lists:
-        assert time.monotonic() < deadline, "no re-list after 410"
-        time.sleep(0.02)
+    until(lambda: pods_informer.relists != lists, "no re-list after 410")
 
 
 def test_logs_stream_live_and_are_archived_in_the_store_once_the_pod_ended(make, api, store) -> None:
@@ -408,10 +403,7 @@ def test_logs_stream_live_and_are_archived_in_the_store_once_the_pod_ended(make,
     assert "".join(text for _, text in lines) == "starting\nhalf\ndone\n"
     assert {n for n, _ in lines} == {"w0.1.log"}
     archive = store.run(RUN).task("plot").logs / "w0.1.log"
-    deadline = time.monotonic() + 5
-    while not archive.exists():
-        assert time.monotonic() < deadline, "the log was not archived"
-        time.sleep(0.02)
+    until(lambda: archive.exists(), "the log was not archived")
     assert archive.read_text() == "starting\nhalf\ndone\n"
     assert list(executor.logs(RUN, "plot", "", follow=False)) == [("w0.1.log", "starting\nhalf\ndone\n")]
     # Argo collects the pods once the Workflow succeeds: the archive still answers; a retry is the next attempt.
@@ -420,15 +412,9 @@ def test_logs_stream_live_and_are_archived_in_the_store_once_the_pod_ended(make,
     argo.admit(again, "node-b")
     argo.exit(again, 0, log=b"second\n")
     second = store.run(RUN).task("plot").logs / "w0.2.log"
-    deadline = time.monotonic() + 5
-    while not second.exists():
-        assert time.monotonic() < deadline, "the retry's log was not archived"
-        time.sleep(0.02)
+    until(lambda: second.exists(), "the retry's log was not archived")
     api.cluster.delete("pods", NS, again)
-    deadline = time.monotonic() + 5
-    while executor._task_pods(RUN, "plot", "w0"):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: not executor._task_pods(RUN, "plot", "w0"))
     assert list(executor.logs(RUN, "plot", "w0", follow=False)) == [
         ("w0.1.log", "starting\nhalf\ndone\n"),
         ("w0.2.log", "second\n"),
@@ -579,10 +565,7 @@ def test_an_archive_the_store_refuses_holds_up_no_other(make, api, store) -> Non
     argo.admit(scan, "node-a")
     argo.exit(scan, 0, log=b"scan\n")
     archive = store.run(RUN).task("scan").logs / "w0.1.log"
-    deadline = time.monotonic() + 5
-    while not archive.exists():
-        assert time.monotonic() < deadline, "a refused archive was tried again forever and held up the next"
-        time.sleep(0.02)
+    until(lambda: archive.exists(), "a refused archive was tried again forever and held up the next")
     assert archive.read_text() == "scan\n"
 
 
@@ -629,10 +612,7 @@ def test_a_forgotten_run_is_kept_until_its_workflow_ended_and_its_pods_logs_are_
     assert executor.pods(RUN), "a run whose pod still runs is forgotten only once it has stopped"
     argo.exit(name, 143, log=b"stopping\n")
     archive = store.run(RUN).task("plot").logs / "w0.1.log"
-    deadline = time.monotonic() + 5
-    while not archive.exists():
-        assert time.monotonic() < deadline, "the log of a forgotten run's last pod was not archived"
-        time.sleep(0.02)
+    until(lambda: archive.exists(), "the log of a forgotten run's last pod was not archived")
     assert archive.read_text() == "stopping\n"
     time.sleep(0.3)
     assert executor.pods(RUN), "kept while its Workflow has not ended"
@@ -641,17 +621,14 @@ def test_a_forgotten_run_is_kept_until_its_workflow_ended_and_its_pods_logs_are_
         obj.setdefault("status", {})["phase"] = "Failed"
 
     api.cluster.modify("workflows", NS, f"simrun-{RUN}", end)
-    deadline = time.monotonic() + 5
-    while executor.pods(RUN):
-        assert time.monotonic() < deadline, "the forgotten run was never dropped"
-        time.sleep(0.02)
+    until(lambda: not executor.pods(RUN), "the forgotten run was never dropped")
     assert list(executor.logs(RUN, "plot", "w0", follow=False)) == [("w0.1.log", "stopping\n")]
     api.cluster.delete("pods", NS, name)
     api.cluster.delete("workflows", NS, f"simrun-{RUN}")
-    deadline = time.monotonic() + 5
-    while RUN in executor._pods or RUN in executor._workflows:
-        assert time.monotonic() < deadline, "the informers' caches kept a collected run"
-        time.sleep(0.02)
+    until(
+        lambda: RUN not in executor._pods and RUN not in executor._workflows,
+        "the informers' caches kept a collected run",
+    )
 
 
 def test_a_restarted_tracker_archives_the_logs_of_pods_that_ended_while_it_was_down(make, api, store) -> None:
@@ -666,10 +643,7 @@ def test_a_restarted_tracker_archives_the_logs_of_pods_that_ended_while_it_was_d
     argo.exit(name, 0, log=b"ended while the tracker was down\n")
     make()  # the run is not even handed over again (it ended, or its record is final): its pods' logs still matter
     archive = store.run(RUN).task("plot").logs / "w0.1.log"
-    deadline = time.monotonic() + 5
-    while not archive.exists():
-        assert time.monotonic() < deadline, "the log of a pod that ended while the tracker was down was never archived"
-        time.sleep(0.02)
+    until(lambda: archive.exists(), "the log of a pod that ended while the tracker was down was never archived")
     assert archive.read_text() == "ended while the tracker was down\n"
 
 
@@ -693,18 +667,14 @@ def test_a_run_adopted_after_its_workflow_ended_is_dropped_when_forgotten(make, 
 def test_releasing_a_run_frees_its_node_even_once_cordoned(make, api) -> None:
     executor = make()
     executor.reserve("node-a", RUN)
-    deadline = time.monotonic() + 5
-    while (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}).get("simrun/reserved") != RUN:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(
+        lambda: (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {}).get("simrun/reserved") == RUN
+    )
     api.cluster.modify("nodes", "", "node-a", lambda n: n["spec"].update(unschedulable=True))  # kubectl cordon
-    deadline = time.monotonic() + 5
-    while "node-a" in {n.name for n in executor.nodes()}:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    until(lambda: "node-a" not in {n.name for n in executor.nodes()})
     executor.release(RUN)
-    deadline = time.monotonic() + 5
-    while api.cluster.get("nodes", "", "node-a")["spec"].get("taints"):
-        assert time.monotonic() < deadline, "a cordoned node kept the released run's taint"
-        time.sleep(0.02)
+    until(
+        lambda: not api.cluster.get("nodes", "", "node-a")["spec"].get("taints"),
+        "a cordoned node kept the released run's taint",
+    )
     assert "simrun/reserved" not in (api.cluster.get("nodes", "", "node-a")["metadata"].get("labels") or {})
