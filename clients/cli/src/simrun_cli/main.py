@@ -439,7 +439,11 @@ def outputs(run_id: str, task_id: str | None, port: str | None, as_json: bool, c
     if as_json:
         render.echo_json(tracker_pb2.ListOutputsResponse(files=files))
     elif not files:
-        click.echo(f"run {run_id} has no outputs yet" if not task_id else f"no output files of {task_id}")
+        click.echo(
+            f"run {run_id} has no output files (a task's appear once it has merged)"
+            if not task_id
+            else f"no output files of {task_id}"
+        )
     else:
         render.console().print(render.outputs_table(files))
 
