@@ -106,9 +106,9 @@ def learned_list(task_type: str, model: str, cost_value: str, as_json: bool, cli
     if as_json:
         from simrun.v1 import learner_pb2
 
-        from simrun_cli import render
+        from simrun_cli import plain
 
-        render.echo_json(learner_pb2.ListObservationsResponse(observations=observations))
+        plain.echo_json(learner_pb2.ListObservationsResponse(observations=observations))
         return
     if not observations:
         click.echo("no observations")

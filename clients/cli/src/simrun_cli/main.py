@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,31 +12,48 @@ import click
 from simrun_core.errors import SimrunError
 
 from simrun_cli import __version__
-from simrun_cli.admin import learned, tokens
-from simrun_cli.argo import render_command
 from simrun_cli.lazy import lazy_module
 from simrun_cli.options import json_option, with_client
-from simrun_cli.server import server
 
 if TYPE_CHECKING:
     from rich.console import Console
     from simrun.v1 import common_pb2, envbuilder_pb2, tracker_pb2
     from simrun_client.client import Client
 
-    from simrun_cli import render
+    from simrun_cli import plain, render
 else:
-    # Imported on first use: `simrun --version` or `--help` needs none of them, `simrun status` not all.
+    # Imported on first use: `simrun --version` or `--help` needs none of them, `simrun status` not all, and a
+    # command that prints JSON or one line (`plain`) no rich (`render`).
     common_pb2 = lazy_module("simrun.v1.common_pb2")
     tracker_pb2 = lazy_module("simrun.v1.tracker_pb2")
     envbuilder_pb2 = lazy_module("simrun.v1.envbuilder_pb2")
+    plain = lazy_module("simrun_cli.plain")
     render = lazy_module("simrun_cli.render")
 
 RUN_STATES = ["submitting", "queued", "running", "succeeded", "failed", "cancelled"]
 """The run states `list --state` takes: `RunState` without its prefix (a test keeps them equal)."""
 
 
+LAZY_COMMANDS = {
+    "server": "simrun_cli.server:server",
+    "render": "simrun_cli.argo:render_command",
+    "tokens": "simrun_cli.admin:tokens",
+    "learned": "simrun_cli.admin:learned",
+}
+"""The commands defined in modules of their own (`name: module:attribute`), imported when named (or by --help)."""
+
+
 class SimrunGroup(click.Group):
     """The command group; a typed simrun error becomes one line saying what to fix (exit 1), never a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS and cmd_name not in self.commands:
+            module, _, attribute = LAZY_COMMANDS[cmd_name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -49,11 +67,6 @@ class SimrunGroup(click.Group):
 def cli() -> None:
     """Run simulation workflows from your git working tree: on this machine or on a cluster."""
 
-
-cli.add_command(server)
-cli.add_command(render_command)
-cli.add_command(tokens)
-cli.add_command(learned)
 
 workflow_argument = click.argument("workflow", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 model_option = click.option(
@@ -143,11 +156,13 @@ def submit(
     )
     out = render.console()
     if not as_json:
-        out.print(f"submitted run [bold]{run.run_id}[/bold] (group {run.group or 'default'})")
+        from rich.text import Text
+
+        out.print(Text.assemble("submitted run ", (run.run_id, "bold"), f" (group {run.group or 'default'})"))
     if watch:
         _follow(client, run.run_id, out, as_json)
     elif as_json:
-        render.echo_json(run)
+        plain.echo_json(run)
     else:
         out.print(f"follow it with `simrun status {run.run_id} --watch`")
 
@@ -183,11 +198,13 @@ def resume(
     run = client.resume(run_id, model=model, store=store, rerun=rerun)
     out = render.console()
     if not as_json:
-        out.print(f"submitted run [bold]{run.run_id}[/bold], resuming {run_id}")
+        from rich.text import Text
+
+        out.print(Text.assemble("submitted run ", (run.run_id, "bold"), f", resuming {run_id}"))
     if watch:
         _follow(client, run.run_id, out, as_json)
     elif as_json:
-        render.echo_json(run)
+        plain.echo_json(run)
     else:
         out.print(f"follow it with `simrun status {run.run_id} --watch`")
 
@@ -199,15 +216,14 @@ def resume(
 @with_client
 def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
     """Show a run: its state, its tasks' progress and, once it succeeded, their summaries."""
-    out = render.console()
     if watch:
-        _follow(client, run_id, out, as_json)
+        _follow(client, run_id, render.console(), as_json)
         return
     run = client.get_run(run_id)
     if as_json:
-        render.echo_json(with_output_paths(client, run))
+        plain.echo_json(with_output_paths(client, run))
         return
-    _show_run(client, run, out)
+    _show_run(client, run, render.console())
 
 
 @cli.command("list")
@@ -220,7 +236,7 @@ def list_runs(group: str | None, state: str | None, owner: str | None, as_json: 
     """List runs, newest first."""
     runs = client.list_runs(group=group, state=state, owner=owner)
     if as_json:
-        render.echo_json(tracker_pb2.ListRunsResponse(runs=runs))
+        plain.echo_json(tracker_pb2.ListRunsResponse(runs=runs))
     elif not runs:
         click.echo("no runs")
     else:
@@ -242,9 +258,9 @@ def compare(run_ids: tuple[str, ...], group: str | None, as_json: bool, client: 
     settings = differing_settings([client.get_run(run_id) for run_id in comparison.run_ids])
     if as_json:
         # The API's comparison, plus the settings that differ between the runs in the same row shape.
-        data = render.to_dict(comparison)
+        data = plain.to_dict(comparison)
         data["settings"] = [{"task_id": t, "key": k, "values": v} for t, k, v in settings]
-        render.echo_json(data)
+        plain.echo_json(data)
     elif not comparison.run_ids:
         click.echo("no runs to compare")
     else:
@@ -281,7 +297,7 @@ def estimate(
         rerun=rerun,
     )
     if as_json:
-        render.echo_json(result)
+        plain.echo_json(result)
     else:
         render.console().print(render.estimate_table(result))
 
@@ -294,9 +310,9 @@ def cancel(run_id: str, as_json: bool, client: Client) -> None:
     """Cancel a run and stop its pods."""
     run = client.cancel(run_id)
     if as_json:
-        render.echo_json(run)
+        plain.echo_json(run)
     else:
-        click.echo(f"cancelled run {run.run_id} (now {render.run_state(run.state)})")
+        click.echo(f"cancelled run {run.run_id} (now {plain.run_state(run.state)})")
 
 
 @cli.command()
@@ -324,7 +340,7 @@ def logs(run_id: str, task_id: str, worker: str | None, follow: bool, unit: int 
 
 def with_output_paths(client: Client, run: common_pb2.Run) -> dict[str, Any]:
     """The run's JSON, each task with `outputs`: its ports' folders in the store (relative to the store root)."""
-    data = render.to_dict(run)
+    data = plain.to_dict(run)
     ports: dict[str, dict[str, str]] = {}
     for file in client.outputs(run.run_id):
         folder = file.store_path.removesuffix(file.path).rstrip("/")
@@ -409,10 +425,10 @@ def whoami(as_json: bool, client: Client) -> None:
     """Say who your token belongs to and at which priority your runs go."""
     identity = client.identity()
     if as_json:
-        render.echo_json(identity)
+        plain.echo_json(identity)
         return
     on_behalf = f", acting for {identity.on_behalf_of}" if identity.on_behalf_of else ""
-    click.echo(f"{identity.name} ({identity.kind}{on_behalf}), priority {render.priority(identity.priority)}")
+    click.echo(f"{identity.name} ({identity.kind}{on_behalf}), priority {plain.priority(identity.priority)}")
 
 
 @cli.command()
@@ -422,7 +438,7 @@ def nodes(as_json: bool, client: Client) -> None:
     """List the nodes runs are placed on, with their reservations."""
     found = client.nodes()
     if as_json:
-        render.echo_json(tracker_pb2.ListNodesResponse(nodes=found))
+        plain.echo_json(tracker_pb2.ListNodesResponse(nodes=found))
     else:
         render.console().print(render.nodes_table(found))
 
@@ -437,7 +453,7 @@ def outputs(run_id: str, task_id: str | None, port: str | None, as_json: bool, c
     """List a run's outputs (a task's, a port's): each file with its path in the store and its size."""
     files = client.outputs(run_id, task_id, port)
     if as_json:
-        render.echo_json(tracker_pb2.ListOutputsResponse(files=files))
+        plain.echo_json(tracker_pb2.ListOutputsResponse(files=files))
     elif not files:
         click.echo(
             f"run {run_id} has no output files (a task's appear once it has merged)"
@@ -458,7 +474,7 @@ def fetch(run_id: str, task_id: str, port: str, dest: Path, client: Client) -> N
     """Copy the files of a task's output PORT into the folder DEST, through simrun (no store mount needed)."""
     written = client.fetch_output(run_id, task_id, port, dest)
     size = sum(path.stat().st_size for path in written)
-    click.echo(f"fetched {len(written)} file{'s' if len(written) != 1 else ''} ({render.size(size)}) into {dest}")
+    click.echo(f"fetched {len(written)} file{'s' if len(written) != 1 else ''} ({plain.size(size)}) into {dest}")
 
 
 def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
@@ -482,14 +498,14 @@ def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
     if run is None or run.state not in FINAL_RUN_STATES:
         run = client.get_run(run_id)
     if as_json:
-        render.echo_json(run)
+        plain.echo_json(run)
     else:
         _show_run(client, run, out)
     if run.state != common_pb2.RUN_STATE_SUCCEEDED:
         reason = f": {run.message}" if run.message else ""
         failed = [task.task_id for task in run.tasks if task.state == common_pb2.TASK_STATE_FAILED]
         logs = f"; see `simrun logs {run.run_id} {failed[0]}`" if failed else ""
-        raise click.ClickException(f"run {run.run_id} {render.run_state(run.state)}{reason}{logs}")
+        raise click.ClickException(f"run {run.run_id} {plain.run_state(run.state)}{reason}{logs}")
 
 
 def _environment_progress(out: Console, run: common_pb2.Run, said: str) -> str:
@@ -511,7 +527,7 @@ def envs(as_json: bool, client: Client) -> None:
 
     found = list_environments(client)
     if as_json:
-        render.echo_json(envbuilder_pb2.ListEnvironmentsResponse(environments=found))
+        plain.echo_json(envbuilder_pb2.ListEnvironmentsResponse(environments=found))
     else:
         render.console().print(render.environments_table(found))
 

@@ -82,7 +82,8 @@ def with_client(command: F) -> F:
     """Adds --endpoint, --token and the TLS options and passes the command a connected `client`, closed afterwards.
 
     The command runs in a span of its own (`simrun <command>`), above the spans of its calls, when the
-    OpenTelemetry variables configure an exporter; its spans are flushed before the command returns.
+    OpenTelemetry variables configure an exporter; its spans are flushed before the command returns. Without one
+    nothing would be recorded, and OpenTelemetry is not even imported.
     """
 
     @endpoint_option
@@ -101,9 +102,14 @@ def with_client(command: F) -> F:
         **kwargs: Any,
     ) -> Any:
         from simrun_client.client import Client
-        from simrun_core.telemetry import process_telemetry
+        from simrun_core.telemetry_env import may_record
 
         check_token(token)
+        if not may_record():
+            with Client(endpoint, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as client:
+                return command(*args, client=client, **kwargs)
+        from simrun_core.telemetry import process_telemetry
+
         telemetry = process_telemetry(SERVICE_NAME)
         name = click.get_current_context().command_path
         try:

@@ -1,4 +1,4 @@
-"""How the CLI shows simrun's messages: the API's JSON for programs, rich tables and progress bars for people."""
+"""How the CLI shows simrun's messages to people: rich tables and progress bars (programs get `simrun_cli.plain`)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-import click
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
-from google.protobuf.timestamp_pb2 import Timestamp
 from rich import box
 from rich.console import Console, Group
-from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
-from simrun.v1 import common_pb2, tracker_pb2
+from simrun.v1 import common_pb2
 from simrun_core.text import printable
+
+from simrun_cli.plain import run_state, size, task_state, when, who
+
+if TYPE_CHECKING:
+    from simrun.v1 import tracker_pb2
 
 _STATE_STYLES = {
     "succeeded": "green",
@@ -33,55 +33,21 @@ _STATE_STYLES = {
 
 
 def console() -> Console:
+    """The console a command draws on: no markup, emoji codes or highlighting, so that what simrun prints (a task's
+    name, message or summary value) shows as it is; styles come from `Text` alone. (Emoji codes would also load
+    rich's table of them, a tenth of the start of `simrun status`.)"""
     # Made per command so it writes to the sys.stdout of the moment (click's test runner swaps it). Piped output
     # is as wide as its tables need (no column cut to `…`), unless COLUMNS says otherwise.
     width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
-    return Console(highlight=False, width=width)
+    return Console(highlight=False, markup=False, emoji=False, width=width)
 
 
 PIPE_WIDTH = 10_000
 """Columns of output that goes to a pipe or file: rich then sizes each table to its content."""
 
 
-def echo_json(message: Message | dict[str, Any]) -> None:
-    """Prints a message as the API's JSON (proto field names), or a dict of them as is."""
-    data = message if isinstance(message, dict) else to_dict(message)
-    click.echo(json.dumps(data, indent=2))
-
-
-def to_dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True)
-
-
-def run_state(value: common_pb2.RunState.ValueType) -> str:
-    """`succeeded` for RUN_STATE_SUCCEEDED."""
-    return common_pb2.RunState.Name(value).removeprefix("RUN_STATE_").lower()
-
-
-def task_state(value: common_pb2.TaskState.ValueType) -> str:
-    """`running` for TASK_STATE_RUNNING."""
-    return common_pb2.TaskState.Name(value).removeprefix("TASK_STATE_").lower()
-
-
 def styled(state: str) -> Text:
     return Text(state, style=_STATE_STYLES.get(state, ""))
-
-
-def when(timestamp: Timestamp) -> str:
-    """A timestamp in local time to the second; empty when unset."""
-    if not timestamp.seconds and not timestamp.nanos:
-        return ""
-    return timestamp.ToDatetime(tzinfo=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-
-
-def who(identity: common_pb2.Identity) -> str:
-    if not identity.name:
-        return ""
-    return f"{identity.name} (agent of {identity.on_behalf_of})" if identity.on_behalf_of else identity.name
-
-
-def priority(value: common_pb2.Priority.ValueType) -> str:
-    return common_pb2.Priority.Name(value).removeprefix("PRIORITY_").lower()
 
 
 def _units(units: int | None, done: int, state: str) -> tuple[int, int]:
@@ -130,6 +96,8 @@ def run_header(run: common_pb2.Run) -> Group:
 
 def tasks_table(run: common_pb2.Run) -> Table:
     """One row per task: its type, state, a progress bar of its units, its pods."""
+    from rich.progress_bar import ProgressBar
+
     table = Table(box=None, pad_edge=False)
     table.add_column("task", no_wrap=True)
     table.add_column("type", overflow="fold")
@@ -261,16 +229,6 @@ def _reused(source: common_pb2.ReusedFrom) -> str:
 def _seconds(seconds: float) -> str:
     """Seconds for people: two significant digits below ten, so that 0.04 s does not read 0.0."""
     return f"{seconds:.2g}" if seconds < 10 else f"{seconds:.0f}"
-
-
-def size(size_bytes: int) -> str:
-    """Bytes for people: B, KiB, MiB, GiB."""
-    value = float(size_bytes)
-    for unit in ("B", "KiB", "MiB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
 
 
 def outputs_table(files: Iterable[tracker_pb2.OutputFile]) -> Table:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 from simrun_core.errors import InvalidArgument
 from simrun_core.rpc import channel as rpc_channel
 from simrun_core.rpc.errors import to_domain_error
-from simrun_core.telemetry import Telemetry, process_telemetry
+from simrun_core.telemetry_env import may_record
+
+if TYPE_CHECKING:
+    from simrun_core.telemetry import Telemetry
 
 R = TypeVar("R")
 
@@ -30,7 +33,9 @@ def open_channel(
     telemetry: Telemetry | None = None,
 ) -> grpc.Channel:
     """A channel to `host:port` that sends `token` as a bearer token on every call, if given, and traces its calls
-    (with the client's own telemetry from the OpenTelemetry variables unless `telemetry` is given).
+    (with the client's own telemetry from the OpenTelemetry variables unless `telemetry` is given; where those
+    variables configure nothing and no provider is installed, the channel is left untraced without loading
+    OpenTelemetry).
 
     With `tls_ca` the channel is TLS and verifies the server against that CA bundle (with `tls_cert` and
     `tls_key` it also presents a client certificate, for a server that asks for mutual TLS); without, plaintext,
@@ -41,12 +46,12 @@ def open_channel(
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
     credentials = channel_credentials(tls_ca, tls_cert, tls_key) if tls_ca is not None else None
+    if telemetry is None and may_record():
+        from simrun_core.telemetry import process_telemetry
+
+        telemetry = process_telemetry(SERVICE_NAME)
     return rpc_channel.open_channel(
-        endpoint,
-        token=token,
-        options=options,
-        telemetry=telemetry or process_telemetry(SERVICE_NAME),
-        credentials=credentials,
+        endpoint, token=token, options=options, telemetry=telemetry, credentials=credentials
     )
 
 

@@ -3,31 +3,26 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from simrun.v1 import (
-    common_pb2,
-    gateway_pb2,
-    gateway_pb2_grpc,
-    learner_pb2,
-    learner_pb2_grpc,
-    tracker_pb2,
-    tracker_pb2_grpc,
-)
+
+# Only the tracker's messages and stub, which the reading commands call: the other services' modules (and
+# OpenTelemetry, pydantic, subprocess) are imported by the methods that need them, so `simrun status` starts sooner.
+from simrun.v1 import common_pb2, tracker_pb2, tracker_pb2_grpc
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
 from simrun_core.home import DEFAULT_ENDPOINT, client_token, simrun_home
 from simrun_core.rpc.errors import to_domain_error
-from simrun_core.telemetry import Telemetry, process_telemetry
 
 from simrun_client.channel import SERVICE_NAME, open_channel
 
 if TYPE_CHECKING:
+    from simrun.v1 import gateway_pb2_grpc
+    from simrun_core.telemetry import Telemetry
+
     from simrun_client.snapshots import SnapshotResult
 
 T = TypeVar("T")
@@ -70,6 +65,8 @@ def git_toplevel(path: Path) -> Path:
     Raises:
         InvalidArgument: `path` is not inside a git working tree.
     """
+    import subprocess
+
     folder = path if path.is_dir() else path.parent
     try:
         result = subprocess.run(
@@ -103,7 +100,8 @@ class Client:
             `$SIMRUN_TLS_CA`, else plaintext.
         tls_cert, tls_key: a client certificate and its key, for a gateway that asks for mutual TLS.
         telemetry: where the client's spans go; by default the client's own, from the OpenTelemetry variables
-            (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_EXPORTER`; service name `simrun-client`).
+            (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_EXPORTER`; service name `simrun-client`), made when first
+            needed: a client whose calls nothing traces does not load OpenTelemetry.
     """
 
     def __init__(
@@ -121,13 +119,30 @@ class Client:
         self.token = client_token(token)
         self.timeout_s = timeout_s
         tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
-        self.telemetry = telemetry or process_telemetry(SERVICE_NAME)
+        self._telemetry = telemetry
         # The channel sends the token as `authorization: Bearer …` on every call, uploads included.
         self._channel = open_channel(
-            self.endpoint, self.token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, telemetry=self.telemetry
+            self.endpoint, self.token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, telemetry=telemetry
         )
-        self._gateway = gateway_pb2_grpc.GatewayServiceStub(self._channel)
         self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
+        self._gateway_stub: gateway_pb2_grpc.GatewayServiceStub | None = None
+
+    @property
+    def telemetry(self) -> Telemetry:
+        """Where the client's own spans go (`submit`'s, `resume`'s): the given telemetry, else the process's."""
+        if self._telemetry is None:
+            from simrun_core.telemetry import process_telemetry
+
+            self._telemetry = process_telemetry(SERVICE_NAME)
+        return self._telemetry
+
+    @property
+    def _gateway(self) -> gateway_pb2_grpc.GatewayServiceStub:
+        if self._gateway_stub is None:
+            from simrun.v1 import gateway_pb2_grpc
+
+            self._gateway_stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
+        return self._gateway_stub
 
     def __enter__(self) -> Client:
         return self
@@ -147,6 +162,8 @@ class Client:
 
     def identity(self) -> common_pb2.Identity:
         """Who the token belongs to and at which priority its runs go."""
+        from simrun.v1 import gateway_pb2
+
         return self._call(self._gateway.GetIdentity, gateway_pb2.GetIdentityRequest()).identity
 
     def snapshot(self, tree: str | Path, *, name: str | None = None, store: str | Path | None = None) -> SnapshotResult:
@@ -402,6 +419,8 @@ class Client:
 
     def observations(self, task_type: str, model: str, cost_value: str = "") -> list[common_pb2.Observation]:
         """Every observation the learner holds of a key, oldest first (the owner only)."""
+        from simrun.v1 import learner_pb2, learner_pb2_grpc
+
         key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
         request = learner_pb2.ListObservationsRequest(key=key)
         stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
@@ -415,6 +434,8 @@ class Client:
 
     def forget_observations(self, task_type: str, model: str, cost_value: str = "") -> int:
         """Deletes every observation of a key, so it resolves from its type's hint again (the owner only)."""
+        from simrun.v1 import learner_pb2, learner_pb2_grpc
+
         key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
         stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
         return self._call(stub.DeleteObservations, learner_pb2.DeleteObservationsRequest(key=key)).deleted_count
@@ -443,6 +464,8 @@ class Client:
         Raises:
             InvalidArgument: `dest` is a file, or the server named a path outside the port (refused).
         """
+        import tempfile
+
         dest = Path(dest)
         if dest.exists() and not dest.is_dir():
             raise InvalidArgument(f"{dest} is a file: give a folder to copy the output {port!r} into")

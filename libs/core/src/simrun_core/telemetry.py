@@ -33,6 +33,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from simrun_core.errors import InvalidArgument
+from simrun_core.telemetry_env import configured_exporters, disabled
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,6 @@ INSTRUMENTATION_NAME = "simrun"
 TRACEPARENT = "TRACEPARENT"
 """The environment variable of a pod's trace context (W3C `traceparent` in an environment carrier)."""
 
-_EXPORTER_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER")
 _TRACEPARENT_RE = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -95,9 +95,9 @@ class Telemetry:
             TelemetryError: `OTEL_TRACES_EXPORTER` names an exporter that is not installed.
         """
         env = os.environ if environ is None else environ
-        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        if disabled(env):
             return cls.off()
-        exporters = _configured_exporters(env)
+        exporters = configured_exporters(env)
         if not exporters:
             return cls.with_provider(trace.get_tracer_provider())
         return cls(_sdk_provider(service_name, exporters, env), owns_provider=True)
@@ -315,16 +315,6 @@ def _not_health(details: Any) -> bool:
 
 def _epoch_ns(moment: datetime) -> int:
     return int(moment.timestamp() * 1_000_000_000)
-
-
-def _configured_exporters(env: Mapping[str, str]) -> list[str]:
-    """The exporter names asked for: `OTEL_TRACES_EXPORTER`'s list, or `otlp` when only an endpoint is given."""
-    named = [name.strip() for name in env.get("OTEL_TRACES_EXPORTER", "").split(",") if name.strip()]
-    if named:
-        return [] if named == ["none"] else [name for name in named if name != "none"]
-    if any(env.get(variable, "").strip() for variable in _EXPORTER_VARIABLES[:2]):
-        return ["otlp"]
-    return []
 
 
 def _sdk_provider(service_name: str, exporters: list[str], env: Mapping[str, str]) -> TracerProvider:

@@ -7,11 +7,14 @@ and, when given, a bearer token on every call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 
-from simrun_core.telemetry import Telemetry, process_telemetry
+from simrun_core.telemetry_env import may_record
+
+if TYPE_CHECKING:
+    from simrun_core.telemetry import Telemetry
 
 ChannelOption = tuple[str, Any]
 
@@ -71,7 +74,8 @@ def open_channel(
         address: `host:port` of the server.
         token: a bearer token; None or empty sends none (the gateway's proxy forwards each caller's own).
         options: gRPC channel options (message size limits, …).
-        telemetry: where the channel's client spans go; the process's own by default.
+        telemetry: where the channel's client spans go; the process's own by default (made only when it may
+            record: a pass-through telemetry leaves a client channel as it is, so OpenTelemetry stays unloaded).
         credentials: TLS credentials; None for plaintext (which a server beyond loopback refuses unless its
             config says `insecure: true`).
     """
@@ -82,4 +86,10 @@ def open_channel(
     # The token interceptor sits inside the tracing one: the client span covers the whole call as sent.
     if token:
         channel = grpc.intercept_channel(channel, BearerToken(token))
-    return (telemetry or process_telemetry("simrun")).instrument_channel(channel)
+    if telemetry is None:
+        if not may_record():
+            return channel
+        from simrun_core.telemetry import process_telemetry
+
+        telemetry = process_telemetry("simrun")
+    return telemetry.instrument_channel(channel)
