@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -286,3 +290,77 @@ def test_fetch_copies_a_port_through_the_gateway(
     assert [p.name for p in tmp_path.iterdir()] == ["got"], "nothing staged is left beside DEST"
     assert "no output 'nope'" in _one_error_line(invoke("fetch", run_id, "estimate", "nope", dest))
     assert "not an output port name" in _one_error_line(invoke("fetch", run_id, "estimate", "..", dest))
+
+
+SIMRUN = shutil.which("simrun", path=str(Path(sys.executable).parent)) or "simrun"
+
+SERVER_SIDE = ("simrun_gateway", "simrun_tracker", "simrun_planner", "simrun_learner", "simrun_snapshot")
+"""Packages only `simrun server` (and `simrun render`) may load."""
+
+
+def imported_by(args: list[str], env: dict[str, str]) -> tuple[set[str], str]:
+    """The modules the real `simrun ARGS…` process imported (`python -X importtime` names each one), and its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", SIMRUN, *args], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    names = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    return names, done.stdout
+
+
+def loaded(names: set[str], *packages: str) -> set[str]:
+    """The modules of `names` that are one of `packages` or in one of them."""
+    return {name for name in names if any(name == p or name.startswith(f"{p}.") for p in packages)}
+
+
+def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result, str], server) -> None:
+    """Each command as a process imports what it calls and draws: `--version` no grpc, a read no server side, no
+    pydantic (it is for configs), no OpenTelemetry unless a variable asks for spans, rich only to draw a table."""
+    _, run_id = watched
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMRUN_", "OTEL_"))}
+    env |= {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": server.token}
+    never = (*SERVER_SIDE, "pydantic", "yaml", "opentelemetry", "simrun_core.config", "simrun_core.telemetry")
+    never += ("simrun.v1.learner_pb2", "simrun.v1.snapshot_pb2", "simrun.v1.planner_pb2", "simrun.v1.envbuilder_pb2")
+
+    version, out = imported_by(["--version"], env)
+    assert out.startswith("simrun, version ")
+    assert not loaded(version, "grpc", "google", "rich", "simrun", "simrun_client", *never), sorted(version)
+
+    status, out = imported_by(["status", run_id], env)
+    assert f"run {run_id}  succeeded" in out and "summaries" in out
+    assert {"grpc", "simrun.v1.tracker_pb2", "rich.table"} <= status
+    # Progress bars are for --watch, the JSON printer for --json, the gateway's messages for whoami.
+    assert not loaded(status, *never, "rich.progress", "google.protobuf.json_format", "simrun.v1.gateway_pb2")
+
+    as_json, out = imported_by(["status", run_id, "--json"], env)
+    assert json.loads(out)["run_id"] == run_id
+    assert not loaded(as_json, *never, "rich"), sorted(loaded(as_json, "rich"))
+
+    for args in (["whoami"], ["logs", run_id, "report"], ["list", "--json"], ["outputs", run_id, "--json"]):
+        names, out = imported_by(args, env)
+        assert out.strip(), args
+        assert not loaded(names, *never, "rich"), (args, sorted(loaded(names, *never, "rich")))
+    for args in (["list"], ["outputs", run_id]):
+        names, _ = imported_by(args, env)
+        assert not loaded(names, *never, "rich.progress"), (args, sorted(loaded(names, *never, "rich.progress")))
+
+    # Where a variable asks for spans, the command records them (on stderr here): OpenTelemetry is loaded then.
+    traced, _ = imported_by(["whoami"], {**env, "OTEL_TRACES_EXPORTER": "console"})
+    assert "opentelemetry.sdk.trace" in traced and "simrun_core.telemetry" in traced
+
+
+def test_text_from_a_run_is_drawn_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """A summary value or a task name is printed as written: no rich markup or emoji code in it takes effect."""
+    from simrun.v1 import common_pb2, tracker_pb2
+    from simrun_cli import render
+
+    comparison = tracker_pb2.CompareRunsResponse(
+        run_ids=["r1"], rows=[tracker_pb2.ComparisonRow(task_id="[bold]t[/bold]", key="k", values=['"[red]on :fire:"'])]
+    )
+    run = common_pb2.Run(run_id="r1", tasks=[common_pb2.Task(task_id="a:smile:b", type="m.tasks:[i]T[/i]")])
+    out = render.console()
+    out.print(render.summaries_table(comparison))
+    out.print(render.tasks_table(run))
+    printed = capsys.readouterr().out
+    assert "[bold]t[/bold]" in printed and "[red]on :fire:" in printed, printed
+    assert "a:smile:b" in printed and "m.tasks:[i]T[/i]" in printed, printed

@@ -206,22 +206,6 @@ def test_a_second_server_on_the_same_port_or_store_is_refused(served: tuple[str,
     assert "uses the store" in shared.stderr
 
 
-def test_commands_start_without_what_they_do_not_need() -> None:
-    """`simrun --version` loads click alone; `simrun status` adds grpc, protobuf and rich but no pydantic."""
-    probe = (
-        "import sys, simrun_cli.main as m\n"
-        "first = {n.split('.')[0] for n in sys.modules}\n"
-        "import simrun_client.client, simrun_cli.render, simrun_cli.options as o\n"
-        "o.check_token(None)\n"
-        "m.common_pb2.RunState\n"
-        "second = {n.split('.')[0] for n in sys.modules}\n"
-        "print(sorted(first & {'grpc', 'google', 'rich', 'pydantic', 'yaml'}), sorted(second & {'pydantic', 'yaml'}))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[] []"
-
-
 def test_the_constants_written_out_for_a_quick_start_match_their_sources() -> None:
     from simrun.v1 import common_pb2
     from simrun_cli.main import RUN_STATES
