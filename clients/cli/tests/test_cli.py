@@ -319,8 +319,9 @@ def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result,
     _, run_id = watched
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMRUN_", "OTEL_"))}
     env |= {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": server.token}
-    never = (*SERVER_SIDE, "pydantic", "yaml", "opentelemetry", "simrun_core.config", "simrun_core.telemetry")
-    never += ("simrun.v1.learner_pb2", "simrun.v1.snapshot_pb2", "simrun.v1.planner_pb2", "simrun.v1.envbuilder_pb2")
+    never: tuple[str, ...] = (*SERVER_SIDE, "pydantic", "yaml", "opentelemetry", "simrun_core.config")
+    never += ("simrun_core.telemetry", "simrun.v1.learner_pb2", "simrun.v1.snapshot_pb2", "simrun.v1.planner_pb2")
+    never += ("simrun.v1.envbuilder_pb2",)
 
     version, out = imported_by(["--version"], env)
     assert out.startswith("simrun, version ")

@@ -217,7 +217,7 @@ def resume(
 def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
     """Show a run: its state, its tasks' progress and, once it succeeded, their summaries."""
     if watch:
-        _follow(client, run_id, render.console(), as_json)
+        _follow(client, run_id, None if as_json else render.console(), as_json)
         return
     run = client.get_run(run_id)
     if as_json:
@@ -477,13 +477,14 @@ def fetch(run_id: str, task_id: str, port: str, dest: Path, client: Client) -> N
     click.echo(f"fetched {len(written)} file{'s' if len(written) != 1 else ''} ({plain.size(size)}) into {dest}")
 
 
-def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
-    """Follows a run to its end: progress bars, then the run; exits 1 unless it succeeded."""
+def _follow(client: Client, run_id: str, out: Console | None, as_json: bool) -> None:
+    """Follows a run to its end: progress bars, then the run; exits 1 unless it succeeded. `out` may be None with
+    `as_json` (which draws nothing)."""
     from simrun_client.client import FINAL_RUN_STATES
 
     run: common_pb2.Run | None = None
     try:
-        if as_json:
+        if as_json or out is None:
             run = client.wait(run_id)
         else:
             with render.RunProgress(out) as bars:
@@ -497,7 +498,7 @@ def _follow(client: Client, run_id: str, out: Console, as_json: bool) -> None:
         raise click.exceptions.Exit(130) from None
     if run is None or run.state not in FINAL_RUN_STATES:
         run = client.get_run(run_id)
-    if as_json:
+    if as_json or out is None:
         plain.echo_json(run)
     else:
         _show_run(client, run, out)
