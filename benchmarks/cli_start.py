@@ -3,8 +3,10 @@
 Each figure is the median wall time of several runs of the real command as a process, printed beside the
 interpreter's own start (`python -c pass`, the baseline measured in the same run) and as a ratio to it.
 `simrun status` asks a real `simrun server` (started here with a fresh home) about a run of the Monte Carlo
-example that has ended, so it imports the client, makes one authenticated call and draws its tables. Beside them,
-the floor of any command that makes a gRPC call from Python: `python -c "import grpc, google.protobuf..."`.
+example that has ended, so it imports the client, makes two authenticated calls and draws its tables; `--json`
+and `simrun whoami` print without rich. Beside them, two floors: that of any command that makes a gRPC call from
+Python (`python -c "import grpc, google.protobuf..."`), and that of the libraries `simrun status` calls and draws
+with (grpc and protobuf, click, rich's console and table), imported and nothing done with them.
 
 Goal (issue 16): both commands under 0.2 s.
 
@@ -29,6 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIMRUN = shutil.which("simrun", path=str(Path(sys.executable).parent)) or "simrun"
+LIBRARIES = "import grpc, google.protobuf.descriptor_pool, click, rich.console, rich.table"
+"""What `simrun status` cannot start without: the gRPC call, the command line, the tables."""
 
 
 def median_s(command: list[str], env: dict[str, str], repeats: int) -> tuple[float, float]:
@@ -54,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="runs of each command (median)")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="simrun-cli-start-") as tmp:
         home = Path(tmp) / "home"
         env = {k: v for k, v in os.environ.items() if not k.startswith("SIMRUN_")}
@@ -83,22 +88,30 @@ def main() -> None:
             baseline = median_s([sys.executable, "-c", "pass"], env, args.repeats)
             # The floor of any Python gRPC client: the two libraries a call cannot do without, and nothing else.
             floor = median_s([sys.executable, "-c", "import grpc, google.protobuf.descriptor_pool"], env, args.repeats)
+            libraries = median_s([sys.executable, "-c", LIBRARIES], env, args.repeats)
             figures = {
                 "simrun --version": median_s([SIMRUN, "--version"], env, args.repeats),
                 f"simrun status {run_id}": median_s([SIMRUN, "status", run_id], env, args.repeats),
+                "simrun status RUN --json": median_s([SIMRUN, "status", run_id, "--json"], env, args.repeats),
+                "simrun whoami": median_s([SIMRUN, "whoami"], env, args.repeats),
             }
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
     load = os.getloadavg()[0]
     print(
-        f"medians of {args.repeats} runs on {os.cpu_count()} cores at load {load:.1f}; "
+        f"medians of {args.repeats} runs on {os.cpu_count()} cores at load {load_before:.1f} to {load:.1f}; "
         f"baseline `python -c pass`: wall {baseline[0]:.3f} s"
     )
     floor_name = "python -c 'import grpc, protobuf'"
     print(
         f"{floor_name:<40} wall {floor[0]:.3f} s ({floor[0] / baseline[0]:5.1f}x the baseline): "
         "the floor of a command that makes a gRPC call"
+    )
+    libraries_name = "python -c 'import grpc, …, rich.table'"
+    print(
+        f"{libraries_name:<40} wall {libraries[0]:.3f} s ({libraries[0] / baseline[0]:5.1f}x the baseline), "
+        f"CPU {libraries[1]:.3f} s: the libraries of `simrun status` (gRPC, protobuf, click, rich), imported"
     )
     for name, (wall, cpu) in figures.items():
         verdict = "under" if wall < 0.2 else "over"
