@@ -5,8 +5,9 @@
 2. SubmitRun latency (p50, p99) and submissions per second with 1 and 10 concurrent clients (each a process of its
    own), the driver on:
    first with the runs queued behind a holder run (the driver plans, records and queues each, no pod computes),
-   then with their pods computing on the same 2 cores as the server and the clients. Goal: p99 under 100 ms at
-   10 clients.
+   then with their pods computing on the same 2 cores as the server and the clients; beside GetIdentity from the
+   same clients at once (the floor of any call at that concurrency on this machine, then). Goal: p99 under 100 ms
+   at 10 clients.
 3. The tracker's CPU (driver, local executor) over an idle period with 0 and with 1,000 queued runs, their pods
    waiting for the one node, which an owner's pod holds. Goal: both under 2% of one core.
 
@@ -99,10 +100,14 @@ def list_all(root: Path, count: int) -> tuple[float, float, int]:
         server.stop()
 
 
-def submit_concurrently(root: Path, clients: int, per_client: int, computing: bool) -> tuple[float, float, float]:
-    """SubmitRun latencies (p50, p99) and submissions per second, the driver on. Unless `computing`, a holder run
-    first takes the node's cores with units that sleep, so the driver plans, records and queues every submitted
-    run's pod (the tracker's whole work) while no pod computes on the cores the server and its clients share."""
+def submit_concurrently(
+    root: Path, clients: int, per_client: int, computing: bool
+) -> tuple[float, float, float, float, float]:
+    """SubmitRun latencies (p50, p99) and submissions per second, the driver on; then the p50 and p99 of GetIdentity
+    from the same clients at once (the floor of a call at that concurrency on this machine, now). Unless `computing`,
+    a holder run first takes the node's cores with units that sleep, so the driver plans, records and queues every
+    submitted run's pod (the tracker's whole work) while no pod computes on the cores the server and its clients
+    share."""
     cfg = config(root, cores=2)
     # Every submission counts against the identity's bound of active runs until it ends: lift it for the load.
     cfg = cfg.model_copy(update={"limits": cfg.limits.model_copy(update={"active_runs_per_identity": 100_000})})
@@ -127,10 +132,11 @@ def submit_concurrently(root: Path, clients: int, per_client: int, computing: bo
         # Each client is a process of its own, as agents are: client threads in the server's process would share
         # its interpreter lock and count the clients' work as the server's.
         context = multiprocessing.get_context("spawn")
-        go, results = context.Event(), context.Queue()
+        go, floor_go, results = context.Event(), context.Event(), context.Queue()
         processes = [
             context.Process(
-                target=submitter, args=(server.address, request.SerializeToString(), per_client, go, results)
+                target=submitter,
+                args=(server.address, request.SerializeToString(), per_client, go, floor_go, results),
             )
             for _ in range(clients)
         ]
@@ -142,15 +148,24 @@ def submit_concurrently(root: Path, clients: int, per_client: int, computing: bo
         go.set()
         latencies = [latency for _ in processes for latency in results.get(timeout=600)]
         elapsed = time.perf_counter() - began
+        floor_go.set()
+        floor = [latency for _ in processes for latency in results.get(timeout=600)]
         for process in processes:
             process.join(timeout=30)
-        return statistics.median(latencies), percentile(latencies, 0.99), len(latencies) / elapsed
+        return (
+            statistics.median(latencies),
+            percentile(latencies, 0.99),
+            len(latencies) / elapsed,
+            statistics.median(floor),
+            percentile(floor, 0.99),
+        )
     finally:
         server.stop()
 
 
-def submitter(address: str, request: bytes, count: int, go: Any, results: Any) -> None:
-    """A client process: one warming submission, then `count` timed ones once `go` is set; puts the seconds."""
+def submitter(address: str, request: bytes, count: int, go: Any, floor_go: Any, results: Any) -> None:
+    """A client process: one warming submission, then `count` timed ones once `go` is set, then `count` timed
+    GetIdentity calls once `floor_go` is set; puts the seconds of each."""
     submission = tracker_pb2.SubmitRunRequest.FromString(request)
     with Client(address, TOKEN) as client:
         stub = tracker_pb2_grpc.RunTrackerServiceStub(client.channel)
@@ -161,6 +176,14 @@ def submitter(address: str, request: bytes, count: int, go: Any, results: Any) -
         for _ in range(count):
             start = time.perf_counter()
             stub.SubmitRun(submission, metadata=bearer_metadata(TOKEN))
+            latencies.append(time.perf_counter() - start)
+        results.put(latencies)
+        gateway = gateway_pb2_grpc.GatewayServiceStub(client.channel)
+        floor_go.wait()
+        latencies = []
+        for _ in range(count):
+            start = time.perf_counter()
+            gateway.GetIdentity(gateway_pb2.GetIdentityRequest(), metadata=bearer_metadata(TOKEN))
             latencies.append(time.perf_counter() - start)
     results.put(latencies)
 
@@ -213,9 +236,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,5000,20000")
     parser.add_argument("--per-client", type=int, default=40)
     parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each submission figure (median)")
+    parser.add_argument("--only", choices=["list", "submit", "idle"], help="one part only")
     args = parser.parse_args()
     print("ListRuns, every page of 50:")
-    for size in (int(s) for s in args.sizes.split(",")):
+    for size in (int(s) for s in args.sizes.split(",")) if args.only in (None, "list") else ():
         with tempfile.TemporaryDirectory() as tmp:
             listing, floor, pages = list_all(Path(tmp), size)
         print(
@@ -223,16 +248,22 @@ def main() -> None:
             f"GetIdentity x{pages}: {floor:5.2f} s; ratio {listing / floor:5.1f}"
         )
     print("SubmitRun with the driver on:")
-    for computing in (False, True):
+    for computing in (False, True) if args.only in (None, "submit") else ():
         print("  the runs' pods computing on the same 2 cores:" if computing else "  the runs queued behind a holder:")
         for clients in (1, 10):
-            with tempfile.TemporaryDirectory() as tmp:
-                p50, p99, rate = submit_concurrently(Path(tmp), clients, args.per_client, computing)
+            figures = []
+            for _ in range(args.repeats):
+                with tempfile.TemporaryDirectory() as tmp:
+                    figures.append(submit_concurrently(Path(tmp), clients, args.per_client, computing))
+            p50, p99, rate, floor50, floor99 = (statistics.median(f[i] for f in figures) for i in range(5))
             print(
-                f"    {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms  {rate:6.1f} submissions/s"
+                f"    {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms"
+                f"  {rate:6.1f} submissions/s;"
+                f" GetIdentity from as many clients: p50 {floor50 * 1e3:5.1f} ms  p99 {floor99 * 1e3:5.1f} ms;"
+                f" p99 ratio {p99 / floor99:5.1f} (medians of {args.repeats})"
             )
     print(f"server CPU over {args.idle_s:.0f} s idle (percent of one core; goal < 2%):")
-    for queued in (0, 1000):
+    for queued in (0, 1000) if args.only in (None, "idle") else ():
         with tempfile.TemporaryDirectory() as tmp:
             print(f"  {queued:5d} queued runs: {idle_with_queue(Path(tmp), queued, args.idle_s):5.2f}%")
 
