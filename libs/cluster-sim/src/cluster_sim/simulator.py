@@ -723,7 +723,11 @@ class ClusterSimulator:
         return self._quota_change
 
     def _complete(self, j: int) -> None:
-        """Finish the processes due on machine ``j`` now (at its completion event, not superseded)."""
+        """Finish the processes due on machine ``j`` now (at its completion event, not superseded).
+
+        While nothing is queued the machine's best-fit entry is brought up to date here, and when
+        nothing else is due at this instant its rate and next completion too (see the end).
+        """
         self._events += 1
         now = self._time
         virtual = self._virtual[j]
