@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -287,3 +288,22 @@ def test_a_pods_traceparent_counts_only_within_its_runs_trace():
     assert within_trace(foreign, run) is None
     assert within_trace("garbage", run) is None and within_trace(None, run) is None
     assert within_trace(task, None) is None
+
+
+def test_a_span_that_records_nothing_carries_the_context_it_runs_in():
+    """Pass-through: a block inside a no-op span carries the caller's trace context on (the run's traceparent),
+    whether the span is under the current context or under a given parent."""
+    carried = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    context = context_from_traceparent(carried)
+    assert context is not None
+    noop = Telemetry.noop()
+    with noop.span("no parent"):
+        assert current_traceparent() is None
+    token = otel_context.attach(context)
+    try:
+        with noop.span("under the caller's context"):
+            assert current_traceparent() == carried
+    finally:
+        otel_context.detach(token)
+    with noop.span("under a parent", parent=carried):
+        assert current_traceparent() == carried

@@ -186,3 +186,45 @@ def test_a_queue_of_alike_pods_behind_a_full_node_still_lets_a_smaller_one_in() 
     running = [placed("holder", "a", BASE, 1, cores=1.5)]
     pending = [waiting(f"big{i}", BASE, 10 + i, cores=1) for i in range(1000)] + [waiting("small", BASE, 5000, 0.5)]
     assert decide(nodes, running, pending).admit == [("small", "a")]
+
+
+def after(nodes: list[Slot], running: list[Placed], pending: list[Waiting]) -> tuple[list[Placed], list[Waiting]]:
+    """The running and pending pods once a pass's decisions are carried out (admitted pods run, victims stop)."""
+    decisions = decide(nodes, running, pending)
+    victims = {v for p in decisions.preempt for v in p.victims}
+    seq = max((p.seq for p in [*running, *pending]), default=0)
+    by_id = {p.pod_id: p for p in pending}
+    admitted = [
+        Placed(
+            pod_id,
+            by_id[pod_id].run_id,
+            node,
+            by_id[pod_id].cores,
+            by_id[pod_id].memory_gb,
+            by_id[pod_id].priority,
+            seq + 1 + i,
+        )
+        for i, (pod_id, node) in enumerate(decisions.admit)
+    ]
+    running = [p._replace(terminating=p.terminating or p.pod_id in victims) for p in running] + admitted
+    gone = {pod_id for pod_id, _ in decisions.admit} | set(decisions.unschedulable)
+    pending = [p._replace(claim=decisions.claims.get(p.pod_id, p.claim)) for p in pending if p.pod_id not in gone]
+    return running, pending
+
+
+@settings(max_examples=400, deadline=None)
+@given(queues(), st.lists(st.tuples(PRIORITIES, SIZES, SIZES, st.integers(0, 3)), max_size=8))
+def test_a_pass_over_arrived_and_claiming_pods_decides_as_a_pass_over_the_whole_queue(
+    queue: tuple[list[Slot], list[Placed], list[Waiting]], arrivals: list[tuple[int, float, float, int]]
+) -> None:
+    """What lets the local executor consider only the pods that arrived since its last pass (and those holding a
+    claim) while nothing else changed: every other pending pod found no room and no victims then, and finds none
+    with more pods in the queue."""
+    nodes, running, pending = queue
+    running, pending = after(nodes, running, pending)
+    arrived = [
+        waiting(f"new{i}", priority, 1000 + i, cores, memory_gb, run_id=f"r{run}")
+        for i, (priority, cores, memory_gb, run) in enumerate(arrivals)
+    ]
+    claiming = [p for p in pending if p.claim is not None]
+    assert decide(nodes, running, arrived + claiming) == decide(nodes, running, pending + arrived)

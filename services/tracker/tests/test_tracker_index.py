@@ -239,7 +239,10 @@ def test_the_run_store_hands_out_copies_that_share_nothing_with_what_it_keeps(tm
     )
     created = runs.create(record, lambda staging: None)
     try:
-        assert created == record and created is not record
+        assert created is record  # the caller's own: the store keeps a copy of its own
+        created.tasks["scan"].attempts["w0"] = 3
+        assert runs.get("r1").tasks["scan"].attempts["w0"] == 1, "the caller's record reached what the store keeps"
+        created.tasks["scan"].attempts["w0"] = 1
         copy = runs.get("r1")
         assert copy == record
         copy.workflow["tasks"]["scan"]["settings"]["grid"][2]["x"] = "changed"

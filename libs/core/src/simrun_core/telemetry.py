@@ -136,7 +136,11 @@ class Telemetry:
         attributes: Mapping[str, Any] | None = None,
         kind: SpanKind = SpanKind.INTERNAL,
     ) -> Iterator[Span]:
-        """A span around a block, made current; under `parent` (a `traceparent`) when given, else the current one."""
+        """A span around a block, made current; under `parent` (a `traceparent`) when given, else the current one.
+        Not recording, a block without `parent` runs in the current span: a no-op span would carry its context."""
+        if not self.recording and not parent:
+            yield trace.get_current_span()
+            return
         context = context_from_traceparent(parent) if parent else None
         with self.tracer().start_as_current_span(
             name, context=context, kind=kind, attributes=dict(attributes or {})

@@ -15,10 +15,15 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     `durable=False` skips the fsync: the file is still whole or absent to every reader and across a crash of the
     writer, but a power cut may lose the new version (for state that is recomputed anyway).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     # Unique per process and thread: two threads of a server may write the same file at once.
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as f:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o666)
+    except FileNotFoundError:  # a new folder: made here, rather than checked before every write
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o666)
+    with open(fd, "wb") as f:
         f.write(data)
         f.flush()
         if durable:

@@ -74,6 +74,9 @@ class SubprocessDescriber:
         self._per_model = per_model
         self._lock = threading.Lock()
         self._processes: OrderedDict[_Key, _Process] = OrderedDict()
+        self._released = threading.Condition()
+        self._releases = 0
+        """Describers given back so far: a caller that found every one of its model's busy waits for the next."""
 
     def describe(
         self, interpreter: str, model_root: Path, requests: list[DescribeRequest], libraries: tuple[Path, ...] = ()
@@ -100,20 +103,26 @@ class SubprocessDescriber:
                     ) from exc
             finally:
                 process.lock.release()
+                with self._released:
+                    self._releases += 1
+                    self._released.notify_all()
         raise AssertionError("unreachable")
 
     def _claim(self, interpreter: str, model_root: str, libraries: tuple[str, ...]) -> tuple[_Key, _Process]:
         """A describer of the model that is free now, held: a second one starts only while the first is busy
-        (concurrent submissions of one model), and with all of them busy the caller waits for the first."""
-        for slot in range(self._per_model):
-            key = (interpreter, model_root, libraries, slot)
-            process = self._process(key)
-            if process.lock.acquire(blocking=False):
-                return key, process
-        key = (interpreter, model_root, libraries, 0)
-        process = self._process(key)
-        process.lock.acquire()
-        return key, process
+        (concurrent submissions of one model), and with all of them busy the caller waits for whichever is given
+        back first."""
+        while True:
+            with self._released:
+                seen = self._releases
+            for slot in range(self._per_model):
+                key = (interpreter, model_root, libraries, slot)
+                process = self._process(key)
+                if process.lock.acquire(blocking=False):
+                    return key, process
+            with self._released:
+                while self._releases == seen:
+                    self._released.wait()
 
     def _round_trip(self, proc: subprocess.Popen[str], requests: list[DescribeRequest]) -> list[DescribeResponse]:
         assert proc.stdin is not None and proc.stdout is not None

@@ -117,6 +117,10 @@ def _filtered(query: Any, group: str, state: str, owner: str, visible: Visibilit
     return query.order_by(col(RunRow.created_at).desc(), col(RunRow.run_id).desc())
 
 
+COALESCE_S = 0.05
+"""How long the writer lets rows gather before it writes them (a read writes the queued rows first)."""
+
+
 class RunIndex:
     """Lists and filters runs without reading every record; the records stay the source of truth.
 
@@ -176,8 +180,9 @@ class RunIndex:
     def put(self, row: IndexRow) -> None:
         """Queues a run's row to be inserted or replaced (a later row of the same run replaces a queued one)."""
         with self._queue_changed:
+            if not self._queued:  # the writer waits for the first row only; later ones join its window
+                self._queue_changed.notify()
             self._queued[row["run_id"]] = row
-            self._queue_changed.notify()
 
     def flush(self) -> None:
         """Writes the queued rows now, in one transaction (one by one if a row is refused)."""
@@ -218,6 +223,11 @@ class RunIndex:
             with self._queue_changed:
                 while not self._queued and not self._closed:
                     self._queue_changed.wait()
+                if self._closed:
+                    return
+                # Rows that come within the window go in the same transaction: a transaction rewrites a page of
+                # every index of the table, and concurrent submissions and driver steps each put a row.
+                self._queue_changed.wait(COALESCE_S)
                 if self._closed:
                     return
             try:

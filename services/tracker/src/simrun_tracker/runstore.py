@@ -67,7 +67,8 @@ class RunStore:
     # --- writing ---------------------------------------------------------------------------------------------
 
     def create(self, record: RunRecord, write_tasks: Callable[[RunLayout], None]) -> RunRecord:
-        """Writes a new run aside (`write_tasks` lays out its tasks), renames it into place and makes it active.
+        """Writes a new run aside (`write_tasks` lays out its tasks), renames it into place and makes it active;
+        returns `record`, which stays the caller's (the store keeps a copy of its own).
 
         A run appears whole or not at all: a failure removes the staging folder and leaves nothing behind.
         """
@@ -82,7 +83,7 @@ class RunStore:
             raise
         self.index.put(row_from_record(record, {}))
         self._publish(record)
-        return _copy(record)
+        return record
 
     def save(self, record: RunRecord, *, durable: bool | None = None) -> None:
         """Writes a run's record and its index row, then publishes it to readers and watchers.

@@ -50,10 +50,11 @@ def check_snapshots(store: StoreLayout, snapshots: list[SnapshotRef]) -> Path:
     """The model root (the first snapshot); `NotFound` for a snapshot not in the store."""
     if not snapshots:
         raise InvalidArgument("a run needs the snapshot of its model: snapshot the working tree first")
-    for snapshot in snapshots:
-        if not snapshot.resolve(store).is_dir():
+    roots = [snapshot.resolve(store) for snapshot in snapshots]
+    for snapshot, root in zip(snapshots, roots, strict=True):
+        if not root.is_dir():
             raise NotFound(f"snapshot {snapshot.name}/{snapshot.snapshot_id} is not in the store: upload it first")
-    return snapshots[0].resolve(store)
+    return roots[0]
 
 
 def describe_tasks(

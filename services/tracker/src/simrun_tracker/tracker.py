@@ -8,6 +8,8 @@ cancellations, which the driver carries out.
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import secrets
 import threading
 import time
@@ -59,12 +61,14 @@ __all__ = [
     "new_run_id",
 ]
 
+log = logging.getLogger(__name__)
+
 CANCEL_WAIT_S = 10.0
+"""Seconds `cancel` waits for the driver to carry the cancellation out before it answers."""
 MAX_REQUEST_ID_CHARS = 200
 """The longest request id a submission may carry (a UUID is 36): it is kept in the run's record and the index."""
 REQUEST_LOCKS = 64
 """Locks that serialize submissions with the same request id, shared by hash (a lock per id would never go)."""
-"""Seconds `cancel` waits for the driver to carry the cancellation out before it answers."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,15 @@ class TaskEstimate:
     planned: PlannedTask
     seconds: float | None
     reused_from: ReusedFrom | None = None
+
+
+def _whole_json(path: Path) -> bool:
+    """Whether a file of the store is there and whole (parses as JSON)."""
+    try:
+        json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def new_run_id() -> str:
@@ -149,7 +162,10 @@ class RunTracker:
             keys=self.keys,
         )
         self._request_locks = [threading.Lock() for _ in range(REQUEST_LOCKS)]
-        self.driver.recover(self.runs.load(self.keys.rebuild))
+        active = self.runs.load(self.keys.rebuild)
+        for record in active:
+            self._restore_task_files(record)
+        self.driver.recover(active)
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -254,7 +270,7 @@ class RunTracker:
             self.executor.reserve(reserve, run_id)
 
         def write_tasks(staging: RunLayout) -> None:
-            self._write_tasks(staging, record, workflow)
+            self._write_tasks(staging, record, workflow, list(record.tasks), durable=False)
             if planned is not None:
                 self._reuse(record, staging, identity)
 
@@ -297,13 +313,35 @@ class RunTracker:
                         },
                     )
 
-    def _write_tasks(self, staging: RunLayout, record: RunRecord, workflow: Workflow) -> None:
+    def _write_tasks(
+        self, run: RunLayout, record: RunRecord, workflow: Workflow, tasks: list[str], *, durable: bool
+    ) -> None:
+        """Writes the `settings.json` and `provenance.json` of `tasks`, which follow from the record and its
+        workflow. A submission writes them without fsync, in the folder it renames into place once whole: the
+        record it fsyncs is what a restart needs, and `_restore_task_files` writes them again from it."""
         provenance = {"run_id": record.run_id, "snapshots": [s.model_dump(mode="json") for s in record.snapshots]}
-        for task_id in record.tasks:
-            layout = staging.task(task_id)
-            layout.root.mkdir(parents=True)
-            write_json_atomic(layout.settings, workflow.spec.tasks[task_id].settings)
-            write_json_atomic(layout.provenance, provenance)
+        for task_id in tasks:
+            layout = run.task(task_id)
+            layout.root.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(layout.settings, workflow.spec.tasks[task_id].settings, durable=durable)
+            write_json_atomic(layout.provenance, provenance, durable=durable)
+
+    def _restore_task_files(self, record: RunRecord) -> None:
+        """Writes again, durably, the task files of an active run that a power cut took after its submission
+        answered (empty or missing: they were not fsynced)."""
+        text = record.workflow.get("text")
+        if not isinstance(text, str):
+            return
+        run = self.store.run(record.run_id)
+        lost = [
+            task_id
+            for task_id, task in record.tasks.items()
+            if not task.state.final
+            and not (_whole_json(run.task(task_id).settings) and _whole_json(run.task(task_id).provenance))
+        ]
+        if lost:
+            log.warning("run %s: writing the files of tasks %s again from its record", record.run_id, ", ".join(lost))
+            self._write_tasks(run, record, parse_workflow(text), lost, durable=True)
 
     def _plan(
         self,

@@ -92,6 +92,10 @@ def decide(
     Within a pass free room only shrinks and a node whose pods are preempted is claimed, so a pod that found neither
     room nor victims is followed by others of its size and priority that cannot either: with `skip_stuck` they are
     passed over at once, and a long queue of alike pods costs a lookup each (False evaluates every pod).
+
+    A pending pod that found neither room nor victims finds none in a later pass over the same running pods with
+    only more pods queued (they take room and block nodes, they free none), so such a pass may be given only the
+    pods that arrived and those holding a claim, and decides the same (the local executor's incremental pass).
     """
     decisions = Decisions()
     running = list(running)

@@ -153,8 +153,15 @@ class LocalExecutor:
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._admission_due = True
-        """Something admission depends on changed (a pod came, went or ended; a reservation); pending pods are
-        considered again only then, so a long queue costs nothing while nothing changes."""
+        """Something admission depends on changed (a pod went or ended, a reservation): the next pass considers
+        every pending pod. Pending pods are considered again only then, or when pods arrive, so a long queue costs
+        nothing while nothing changes."""
+        self._arrived: list[str] = []
+        """Pods queued since the last pass while nothing else changed. The next pass considers only them and the
+        pods holding a claim: every other pending pod found no room and no victims then, and a pass over the same
+        state with only more pods in the queue gives it neither (`admission.decide` says why)."""
+        self._claimed: set[str] = set()
+        """Pending pods waiting on a node whose preempted pods they are waiting for."""
         self._closed = False
         self._forgotten: set[str] = set()
         """Ended runs the tracker asks no more about: dropped by the scheduler pass once their pods have stopped."""
@@ -218,10 +225,10 @@ class LocalExecutor:
                 self._pods[spec.pod_id] = _Pod(spec, status, priorities[spec.pod_id], self._next_seq())
                 self._pending[spec.pod_id] = self._pods[spec.pod_id]
                 self._by_run.setdefault(spec.run_id, []).append(spec.pod_id)
-        # New pods wait for the next scheduler pass (at most `poll_s`) rather than waking it: under a burst of
-        # submissions, one pass admits them all, and the submitting thread does not hand the interpreter lock to
-        # the scheduler's thread once per pod.
-        self._admission_due = True
+                # New pods wait for the next scheduler pass (at most `poll_s`) rather than waking it: under a burst
+                # of submissions, one pass admits them all, and the submitting thread does not hand the interpreter
+                # lock to the scheduler's thread once per pod.
+                self._arrived.append(spec.pod_id)
 
     def start_run(self, run: RunSpec) -> None:
         raise FailedPrecondition("the local executor starts a run's tasks one by one (start_pods), not a whole run")
@@ -369,9 +376,16 @@ class LocalExecutor:
         if now >= self._next_watchdog:
             self._next_watchdog = now + WATCHDOG_INTERVAL_S
             self._watchdog()
-        if not self._closed and self._admission_due:
+        if self._closed:
+            return
+        if self._admission_due:
             self._admission_due = False
-            self._admit()
+            self._arrived.clear()
+            self._admit(list(self._pending.values()))
+        elif self._arrived:
+            considered = dict.fromkeys([*self._arrived, *self._claimed])
+            self._arrived.clear()
+            self._admit([self._pending[p] for p in considered if p in self._pending])
 
     def _drop_forgotten(self) -> None:
         """Drops the pods of forgotten runs whose pods have all stopped (a stopping pod is still supervised)."""
@@ -386,7 +400,8 @@ class LocalExecutor:
                 del self._history[key]
             self._forgotten.discard(run_id)
 
-    def _admit(self) -> None:
+    def _admit(self, considered: list[_Pod]) -> None:
+        """One admission pass over `considered`, pending pods (every one, or those arrived and claiming)."""
         slots = [
             Slot(n.name, n.allocatable_cores, n.allocatable_memory_gb, self._reservations.get(n.name))
             for n in self._nodes
@@ -407,7 +422,7 @@ class LocalExecutor:
         ]
         pending = [
             Waiting(p.spec.pod_id, p.spec.run_id, p.spec.cores, p.status.memory_gb, p.priority, p.seq, p.claim)
-            for p in self._pending.values()
+            for p in considered
             if p.status.phase is PodPhase.PENDING
         ]
         if not pending:
@@ -415,6 +430,10 @@ class LocalExecutor:
         decisions = decide(slots, running, pending)
         for pod_id, node in decisions.claims.items():
             self._pods[pod_id].claim = node
+            if node is None:
+                self._claimed.discard(pod_id)
+            else:
+                self._claimed.add(pod_id)
         for preemption in decisions.preempt:
             for victim in preemption.victims:
                 self._terminate(self._pods[victim], "preempted")
@@ -435,6 +454,7 @@ class LocalExecutor:
         status.phase = PodPhase.RUNNING
         status.message = ""
         pod.claim = None
+        self._claimed.discard(spec.pod_id)
         pod.seq = self._next_seq()
         self._changed(pod)
         limit = int(status.memory_gb * GIB)
@@ -606,6 +626,7 @@ class LocalExecutor:
         pod.status.phase = phase
         pod.status.message = message
         pod.claim = None
+        self._claimed.discard(pod.spec.pod_id)
         self._pending.pop(pod.spec.pod_id, None)
         self._changed(pod)
 
