@@ -1105,12 +1105,12 @@ class ClusterSimulator:
     def _start_alone(self, i: int, j: int) -> None:
         """Start process ``i`` (queued, in no queue) on machine ``j`` in a pass that places nothing else.
 
-        What :meth:`_start_on` does, with two shortcuts that end where it ends. The pass ends here and
+        What :meth:`_start_on` does, with shortcuts that end where it ends. The pass ends here and
         nothing older is queued, so the machine's entry in the best-fit index is set at once to what
         the next pass's refresh would compute from its budget (it is not marked stale; which machines
         grew matters only to older queued processes, and there are none). And when nothing else changed
         at this instant, the machine's rate and next completion are updated here, as the event loop
-        would update them after the pass.
+        would update them after the pass, or not at all where neither can change.
         """
         cpu = self._p_cpu_list[i]
         memory = self._p_memory_list[i]
