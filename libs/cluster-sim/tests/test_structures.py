@@ -59,6 +59,10 @@ def test_best_fit_equals_the_full_comparison(
             index.set(machine, new_cpu, new_memory)
             free_cpu[machine], free_memory[machine] = new_cpu, new_memory
         assert index.cpu == free_cpu.tolist() and index.memory == free_memory.tolist()
+        # The keys are the free CPU in ascending order, each beside its machine (moved or updated in place).
+        assert index.keys == sorted(index.cpu)
+        assert [index.cpu[m] for m in index._machines] == index.keys
+        assert sorted(index._machines) == list(range(len(cpu)))
         assert index.max_cpu == free_cpu.max() and index.max_memory == free_memory.max()
         for threshold in (0.0, 2.0, -1.5):
             assert sorted(index.below(threshold)) == np.flatnonzero(free_cpu < threshold).tolist()

@@ -125,6 +125,11 @@ def _online_quota(index: int, demand: Sequence[float] | np.ndarray, machines: Se
 
 _last_quota: tuple[tuple[float, ...], np.ndarray, Sequence[Machine]] | None = None
 
+# The slots' setters of an Allocation, in field order: what ``object.__setattr__`` calls, without its lookup.
+_set_allocation = tuple(
+    getattr(Allocation, name).__set__ for name in ("online_quota", "queue_order", "admission_fraction")
+)
+
 
 def capped_quota(allocation: Allocation, machines: Sequence[Machine], cpu: np.ndarray) -> np.ndarray:
     """``allocation.online_quota`` capped at ``cpu`` (the cores of ``machines``), as an array not to be written.
@@ -191,8 +196,9 @@ def decode_actions(
     # ``Allocation.__post_init__`` checks and converts holds already.
     allocation = object.__new__(Allocation)
     online_quota = tuple(quota.tolist())
-    object.__setattr__(allocation, "online_quota", online_quota)
-    object.__setattr__(allocation, "queue_order", batch.queue_order)
-    object.__setattr__(allocation, "admission_fraction", batch.admission_fraction)
+    set_quota, set_order, set_fraction = _set_allocation
+    set_quota(allocation, online_quota)
+    set_order(allocation, batch.queue_order)
+    set_fraction(allocation, batch.admission_fraction)
     _last_quota = (online_quota, quota, machines)  # the array is ours alone: nothing writes to it
     return allocation

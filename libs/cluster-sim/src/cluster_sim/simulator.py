@@ -264,6 +264,11 @@ class ClusterSimulator:
         self._quota = np.zeros(m_count)  # cores
         self._budget_array = self._cpu.copy()  # cores batch processes may use, kept with quota and demand
         self._budget_list: list[float] = self._budget_array.tolist()
+        # With borrowing: the budgets of the demand rows from _budget_rows_first on under the quota in
+        # effect, as an array (one row per demand row) and as lists (see _set_budget).
+        self._budget_rows = np.zeros((0, m_count))
+        self._budget_lists: list[list[float]] = []
+        self._budget_rows_first = 0
         self._requested = [0.0] * m_count  # cores requested by running processes
         self._requested_array = np.zeros(m_count)  # the same values, for the sums over machines
         self._memory_used = [0.0] * m_count
@@ -405,6 +410,8 @@ class ClusterSimulator:
         use_now = memoryview(self._use)
         use_rows = memoryview(self._use_rows.reshape(-1))
         shortfall_steps = self._shortfall_steps
+        shortfall_segments = self._shortfall_segments
+        borrowing = self._config.borrowing
         state = self._state
         fresh = self._fresh
         p_cpu = self._p_cpu_list
@@ -455,7 +462,19 @@ class ClusterSimulator:
                     self._apply(entry[3])
             if demand_at == now:
                 next_demand += 1
-                self._set_demand(next_demand)
+                if borrowing:
+                    self._set_demand(next_demand)
+                else:
+                    # What :meth:`_set_demand` does without borrowing: a new shortfall segment.
+                    self._events += 1
+                    self._next_demand = next_demand
+                    steps = len(shortfall_steps)
+                    if shortfall_segments[-1][0] == steps:
+                        shortfall_segments[-1] = (steps, next_demand, self._quota)  # the last had no step
+                    else:
+                        shortfall_segments.append((steps, next_demand, self._quota))
+                        if len(shortfall_segments) > _SHORTFALL_SEGMENTS or steps > _SHORTFALL_STEPS:
+                            self._flush_shortfall()
                 demand_at = demand_time[next_demand]
             if release_at == now:
                 # Releases, in FIFO order: each process enters the queues in the placement pass
@@ -649,6 +668,7 @@ class ClusterSimulator:
         self._order = order if type(order) is QueueOrder else QueueOrder(order)
         self._fraction = allocation.admission_fraction
         self._new_shortfall_segment(self._next_demand, quota)  # the demand sample in effect, if any
+        self._budget_lists = []  # those of the previous quota
         self._set_budget()
         self._all_changed = True
         self._all_stale = True
@@ -703,7 +723,11 @@ class ClusterSimulator:
         return self._quota_change
 
     def _complete(self, j: int) -> None:
-        """Finish the processes due on machine ``j`` now (at its completion event, not superseded)."""
+        """Finish the processes due on machine ``j`` now (at its completion event, not superseded).
+
+        While nothing is queued the machine's best-fit entry is brought up to date here, and when
+        nothing else is due at this instant its rate and next completion too (see the end).
+        """
         self._events += 1
         now = self._time
         virtual = self._virtual[j]
@@ -740,22 +764,60 @@ class ClusterSimulator:
         self._use_rate_stale = True
         self._memory_used[j] = memory_used
         self._memory_used_array[j] = memory_used
-        self._changed.add(j)
-        self._touched.add(j)
-        self._stale.add(j)
-        self._memory_stale.add(j)
-        self._dirty = True
+        if self._n_queued:
+            self._changed.add(j)
+            self._touched.add(j)
+            self._stale.add(j)
+            self._memory_stale.add(j)
+            self._dirty = True
+            return
+        # Nothing is queued, so which machines grew matters to no process of the next pass: the
+        # machine's entry in the best-fit index is set at once to what that pass's refresh would compute.
+        self._free.set(j, self._fraction * self._budget_list[j] - requested, self._batch_memory_list[j] - memory_used)
+        heap = self._heap
+        if (
+            not self._changed
+            and not self._all_changed
+            and (not heap or heap[0][0] != now)
+            and self._release_time[self._next_release] != now
+            and self._demand_time[self._next_demand] != now
+        ):
+            # Nothing else changed or is due at this instant, and no placement pass follows: the rate
+            # and next completion are updated here, as the event loop would update them after the instant.
+            self._update_rate(j, True)
+        else:
+            self._changed.add(j)
+            self._touched.add(j)
+            self._dirty = True
 
     # Placement and rates --------------------------------------------------------------------
 
     def _set_budget(self) -> None:
-        """Recompute the batch budget per machine; called wherever the quota or (when borrowing) demand changes."""
+        """Recompute the batch budget per machine; called wherever the quota or (when borrowing) demand changes.
+
+        With borrowing the budget follows each demand sample under one quota, so the budgets of the
+        samples due within the next control interval are computed at once (one row each, the same
+        element-wise operations), and a sample reads its row; a new quota drops them (:meth:`_apply`).
+        """
         if self._config.borrowing:
-            budget = self._cpu - np.minimum(self._quota, self._demand_rows[self._next_demand])
+            row = self._next_demand
+            ahead = row - self._budget_rows_first
+            if 0 <= ahead < len(self._budget_lists):
+                self._budget_array = self._budget_rows[ahead]
+                self._budget_list = self._budget_lists[ahead]
+                return
+            time = self._time
+            end = bisect_right(self._demand_time, time + self._config.control_interval, row) + 1
+            rows = self._cpu - np.minimum(self._quota, self._demand_rows[row:end])
+            self._budget_rows = rows
+            self._budget_lists = rows.tolist()
+            self._budget_rows_first = row
+            self._budget_array = rows[0]
+            self._budget_list = self._budget_lists[0]
         else:
             budget = self._cpu - self._quota
-        self._budget_array = budget
-        self._budget_list = budget.tolist()
+            self._budget_array = budget
+            self._budget_list = budget.tolist()
 
     def _refresh_free(self, grew_needed: bool = True) -> list[int]:
         """Bring the free CPU (admitted minus requested) and memory of the stale machines up to date.
@@ -848,7 +910,7 @@ class ClusterSimulator:
                 if cpu <= free.keys[-1] + _TOL:
                     j = free.best_fit(cpu, self._p_memory_list[i])
                     if j >= 0:
-                        self._start_on(i, j)
+                        self._start_alone(i, j)
                         return
                 for queue in self._queues.values():
                     queue.add(i)
@@ -1040,6 +1102,55 @@ class ClusterSimulator:
         self._changed.add(j)
         self._touched.add(j)
 
+    def _start_alone(self, i: int, j: int) -> None:
+        """Start process ``i`` (queued, in no queue) on machine ``j`` in a pass that places nothing else.
+
+        What :meth:`_start_on` does, with shortcuts that end where it ends. The pass ends here and
+        nothing older is queued, so the machine's entry in the best-fit index is set at once to what
+        the next pass's refresh would compute from its budget (it is not marked stale; which machines
+        grew matters only to older queued processes, and there are none). And when nothing else changed
+        at this instant, the machine's rate and next completion are updated here, as the event loop
+        would update them after the pass, or not at all where neither can change.
+        """
+        cpu = self._p_cpu_list[i]
+        memory = self._p_memory_list[i]
+        now = self._time
+        rate = self._rate[j]
+        virtual = self._virtual[j]
+        elapsed = now - self._virtual_at[j]
+        if elapsed > 0:
+            virtual += rate * elapsed
+            self._virtual[j] = virtual
+        self._virtual_at[j] = now
+        target = virtual + self._p_duration_list[i]
+        running = self._running[j]
+        heapq.heappush(running, (target, i))
+        self._state[i] = _RUNNING
+        self._machine_of[i] = j
+        self._start[i] = now
+        self._target[i] = target
+        requested = self._requested[j] + cpu
+        self._requested[j] = requested
+        self._requested_array[j] = requested
+        self._use[j] = requested * rate
+        self._use_rate_stale = True
+        memory_used = self._memory_used[j] + memory
+        self._memory_used[j] = memory_used
+        self._memory_used_array[j] = memory_used
+        budget = self._budget_list[j]
+        self._free.set(j, self._fraction * budget - requested, self._batch_memory_list[j] - memory_used)
+        queued = self._n_queued - 1
+        self._n_queued = queued
+        self._n_running += 1
+        self._queued_cpu = self._queued_cpu - cpu if queued else 0.0
+        if self._changed or self._all_changed:
+            self._changed.add(j)
+            self._touched.add(j)
+        elif rate != 1.0 or not requested <= (budget if budget >= 0.0 else 0.0) + _TOL or running[0][1] == i:
+            self._update_rate(j, True)
+        # Else the machine keeps its full rate and the process is not the next to finish there: the
+        # completion scheduled for the machine stands (what :meth:`_update_rate` would find).
+
     def _update_rates(self) -> None:
         """New rates on the machines whose budget or requests changed, new completions where needed."""
         changed = self._changed
@@ -1131,12 +1242,16 @@ class ClusterSimulator:
 
         A machine whose requests exceed its budget has negative free CPU (``fraction ≤ 1``), and the
         machines with negative free CPU come first in the best-fit index; the entries of stale machines
-        may be out of date, so they are added. The index is brought up to date first if most of it is
-        stale, unless processes are queued: then the next placement pass needs to know which machines'
-        free resources grew since the last, and numpy finds the machines instead.
+        may be out of date, so they are added. If most of the index is stale, it is brought up to date
+        first when the next placement pass would do it anyway (without borrowing only an allocation
+        changes every budget, and a release usually comes before the next one); else numpy finds the
+        machines, and the pass that needs the index brings it up to date: when processes are queued,
+        that pass needs to know which machines' free resources grew since the last, and with borrowing
+        a demand sample every 15 s changes every budget, often with no release between two (counted,
+        fewer instructions than refreshing even when the next release comes first).
         """
         if self._all_stale or len(self._stale) > _BULK:
-            if self._n_queued:
+            if self._n_queued or self._config.borrowing:
                 return (self._requested_array > self._budget_array).nonzero()[0].tolist()
             # Nothing is queued, so the next placement pass considers only the processes released by
             # then, whatever grew.
