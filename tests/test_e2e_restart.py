@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from e2e_support import expected_total, wait_final, write_workflow
@@ -42,6 +43,11 @@ tasks:
     # As a power cut after the submission answered leaves them: its task files were not fsynced (the record was).
     task.settings.write_bytes(b"")
     run.task("total").provenance.unlink()
+    # And what a task's pods may leave in their folder: a link to a FIFO is not read (it would block the start).
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    run.task("total").settings.unlink()
+    run.task("total").settings.symlink_to(fifo)
 
     second = start_server(home=home)
     client = client_for(second)
@@ -49,6 +55,7 @@ tasks:
     final = wait_final(client, run_id)
     assert final.state == common_pb2.RUN_STATE_SUCCEEDED, final.message
     assert json.loads(task.summary.read_text())["total"] == expected_total(4, 30)
+    assert not run.task("total").settings.is_symlink()
     progress_units = [json.loads(line)["unit"] for line in task.progress.read_text().splitlines()]
     assert set(progress_units) == set(range(30))
     assert len(progress_units) < 30 + 6  # what was done before the stop was not computed again (beyond in-flight)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
+from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import (
     NAME,
     RUN_ID,
@@ -72,3 +75,22 @@ def test_open_log_puts_aside_what_a_task_left_in_place_of_its_logs(tmp_path: Pat
         log.write("line\n")
     assert secret.read_text() == "secret" and not (tmp_path / "w0.log").exists()
     assert (task.logs / "w1.log").read_text() == "line\n"
+
+
+def test_an_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(tmp_path: Path) -> None:
+    """A task's folder is its pods' to write: one may plant a link where the server's next write makes its
+    temporary file. The write replaces the link (and a temporary file a dead writer left), never its target."""
+    victim = tmp_path / "victim"
+    victim.write_text("the owner's")
+    folder = tmp_path / "task"
+    folder.mkdir()
+    target = folder / "settings.json"
+    planted = folder / f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    planted.symlink_to(victim)
+    write_json_atomic(target, {"units": 3})
+    assert victim.read_text() == "the owner's"
+    assert json.loads(target.read_text()) == {"units": 3} and not target.is_symlink()
+    assert not planted.exists() and not planted.is_symlink()
+    planted.write_text("left by a writer that died")
+    write_json_atomic(target, {"units": 4})
+    assert json.loads(target.read_text()) == {"units": 4}

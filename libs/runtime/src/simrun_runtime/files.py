@@ -17,11 +17,15 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     """
     # Unique per process and thread: two threads of a server may write the same file at once.
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    # Created, never opened: a link planted at its name (a task's folder is its pods' to write) is not written through.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
         fd = os.open(tmp, flags, 0o666)
     except FileNotFoundError:  # a new folder: made here, rather than checked before every write
         path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o666)
+    except FileExistsError:  # left by a writer that died, or planted: removed (a link itself, not its target)
+        os.unlink(tmp)
         fd = os.open(tmp, flags, 0o666)
     with open(fd, "wb") as f:
         f.write(data)

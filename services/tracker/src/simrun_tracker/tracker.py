@@ -29,7 +29,7 @@ from simrun_core.telemetry import Telemetry, current_traceparent, process_teleme
 from simrun_core.workflow import Workflow, parse_workflow
 from simrun_planner import Node
 from simrun_runtime.files import write_json_atomic
-from simrun_runtime.layout import RunLayout, StoreLayout
+from simrun_runtime.layout import PROVENANCE, SETTINGS, RunLayout, StoreLayout, read_beneath
 from simrun_runtime.record import Identity as RecordIdentity
 from simrun_runtime.record import ReusedFrom, RunRecord, SnapshotRef, TaskRecord
 
@@ -102,11 +102,16 @@ class TaskEstimate:
     reused_from: ReusedFrom | None = None
 
 
-def _whole_json(path: Path) -> bool:
-    """Whether a file of the store is there and whole (parses as JSON)."""
+TASK_FILE_BYTES = 64 << 20
+"""The most of a task's `settings.json` a starting server reads to see whether it is whole."""
+
+
+def _whole_json(folder: Path, name: str) -> bool:
+    """Whether a file of a task's folder is there, a regular file and whole (parses as JSON). The folder is its
+    pods' to write: read without following links (a link or a FIFO is not whole), at most `TASK_FILE_BYTES`."""
     try:
-        json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        json.loads(read_beneath(folder, name, limit=TASK_FILE_BYTES))
+    except (OSError, ValueError):  # UnsafePath is a ValueError
         return False
     return True
 
@@ -337,7 +342,7 @@ class RunTracker:
             task_id
             for task_id, task in record.tasks.items()
             if not task.state.final
-            and not (_whole_json(run.task(task_id).settings) and _whole_json(run.task(task_id).provenance))
+            and not (_whole_json(run.task(task_id).root, SETTINGS) and _whole_json(run.task(task_id).root, PROVENANCE))
         ]
         if lost:
             log.warning("run %s: writing the files of tasks %s again from its record", record.run_id, ", ".join(lost))
