@@ -1063,10 +1063,10 @@ class ClusterSimulator:
         self._start_on(i, j)
         return True
 
-    def _start_on(self, i: int, j: int) -> None:
-        """Start process ``i`` (queued, out of the queues) on machine ``j``."""
-        cpu = self._p_cpu_list[i]
-        memory = self._p_memory_list[i]
+    def _occupy(self, i: int, j: int, cpu: float, memory: float) -> tuple[float, float, float]:
+        """Process ``i`` starts running on machine ``j`` now: its completion target at the machine's
+        virtual time, the machine's requests and memory. Returns the machine's rate, requests and memory
+        used (the rate unchanged: what follows decides whether it must be updated)."""
         now = self._time
         rate = self._rate[j]
         virtual = self._virtual[j]
@@ -1089,6 +1089,13 @@ class ClusterSimulator:
         memory_used = self._memory_used[j] + memory
         self._memory_used[j] = memory_used
         self._memory_used_array[j] = memory_used
+        return rate, requested, memory_used
+
+    def _start_on(self, i: int, j: int) -> None:
+        """Start process ``i`` (queued, out of the queues) on machine ``j``."""
+        cpu = self._p_cpu_list[i]
+        memory = self._p_memory_list[i]
+        self._occupy(i, j, cpu, memory)
         # Within the pass the index takes the request off the free resources; the next pass
         # recomputes them from the budget (stale).
         free = self._free
@@ -1114,29 +1121,8 @@ class ClusterSimulator:
         """
         cpu = self._p_cpu_list[i]
         memory = self._p_memory_list[i]
-        now = self._time
-        rate = self._rate[j]
-        virtual = self._virtual[j]
-        elapsed = now - self._virtual_at[j]
-        if elapsed > 0:
-            virtual += rate * elapsed
-            self._virtual[j] = virtual
-        self._virtual_at[j] = now
-        target = virtual + self._p_duration_list[i]
+        rate, requested, memory_used = self._occupy(i, j, cpu, memory)
         running = self._running[j]
-        heapq.heappush(running, (target, i))
-        self._state[i] = _RUNNING
-        self._machine_of[i] = j
-        self._start[i] = now
-        self._target[i] = target
-        requested = self._requested[j] + cpu
-        self._requested[j] = requested
-        self._requested_array[j] = requested
-        self._use[j] = requested * rate
-        self._use_rate_stale = True
-        memory_used = self._memory_used[j] + memory
-        self._memory_used[j] = memory_used
-        self._memory_used_array[j] = memory_used
         budget = self._budget_list[j]
         self._free.set(j, self._fraction * budget - requested, self._batch_memory_list[j] - memory_used)
         queued = self._n_queued - 1
