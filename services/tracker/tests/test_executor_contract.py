@@ -95,18 +95,26 @@ class LocalHarness:
     def _launch(self, spec: PodSpec) -> list[str]:
         return [sys.executable, "-c", OBEY, str(self.box / f"{spec.pod_id}.ctl")]
 
+    def _order(self, spec: PodSpec, order: str) -> Path:
+        """Gives a pod an order whole: written aside and renamed, since the pod reads its control file as soon as
+        it exists (written in place, it could read it empty and die of that)."""
+        control = self.box / f"{spec.pod_id}.ctl"
+        aside = control.with_suffix(".ctl-new")
+        aside.write_text(order)
+        aside.rename(control)
+        return control
+
     def exit(self, spec: PodSpec, code: int) -> None:
-        (self.box / f"{spec.pod_id}.ctl").write_text(f"exit {code}")
+        self._order(spec, f"exit {code}")
 
     def kill_for_memory(self, spec: PodSpec) -> None:
-        (self.box / f"{spec.pod_id}.ctl").write_text("oom")
+        self._order(spec, "oom")
 
     def sigkill(self, spec: PodSpec) -> None:
-        (self.box / f"{spec.pod_id}.ctl").write_text("sigkill")
+        self._order(spec, "sigkill")
 
     def say(self, spec: PodSpec, word: str) -> None:
-        control = self.box / f"{spec.pod_id}.ctl"
-        control.write_text(f"say {word}")
+        control = self._order(spec, f"say {word}")
         eventually(lambda: not control.exists())  # read: the next order may follow
 
     def restart(self) -> Executor:
