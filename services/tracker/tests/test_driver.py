@@ -428,14 +428,20 @@ def test_the_safety_net_finds_every_lost_event_in_turn_and_visits_a_bounded_shar
         assert world.until(lambda r: r.state.final, run_id=run_id).state == RunState.SUCCEEDED
 
 
-def test_following_the_logs_of_a_task_not_started_waits_for_it_then_ends_with_it(make_world) -> None:
-    world = make_world()
+def follow_report_logs(world: World) -> tuple[threading.Thread, list[tuple[str, str]]]:
+    """A run whose `report` waits on its running `scan`, and a thread following the logs of `report` into a list."""
     world.submit(task("scan", split=True), task("report", inputs={"points": "scan.points"}))
     world.until(running)
     reader = RunReader(world.runs, world.executor)
     lines: list[tuple[str, str]] = []
     follower = threading.Thread(target=lambda: lines.extend(reader.logs("r1", "report", follow=True)))
     follower.start()
+    return follower, lines
+
+
+def test_following_the_logs_of_a_task_not_started_waits_for_it_then_ends_with_it(make_world) -> None:
+    world = make_world()
+    follower, lines = follow_report_logs(world)
     time.sleep(0.3)
     assert follower.is_alive(), "following a task whose inputs are not done ended before the task started"
     world.merged("scan")
@@ -449,12 +455,7 @@ def test_following_the_logs_of_a_task_not_started_waits_for_it_then_ends_with_it
 
 def test_following_the_logs_of_a_task_that_never_starts_ends_with_its_run(make_world) -> None:
     world = make_world()
-    world.submit(task("scan", split=True), task("report", inputs={"points": "scan.points"}))
-    world.until(running)
-    reader = RunReader(world.runs, world.executor)
-    lines: list[tuple[str, str]] = []
-    follower = threading.Thread(target=lambda: lines.extend(reader.logs("r1", "report", follow=True)))
-    follower.start()
+    follower, lines = follow_report_logs(world)
     world.executor.exit("r1", "scan", code=1)
     follower.join(timeout=10)
     assert not follower.is_alive() and lines == []
