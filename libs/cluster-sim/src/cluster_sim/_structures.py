@@ -10,12 +10,13 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, insort
 from collections.abc import Iterator
+from typing import Final
 
 import numpy as np
 
 __all__ = ["TOL", "MachineIndex", "OrderedQueue", "round9"]
 
-TOL = 1e-9
+TOL: Final = 1e-9
 """Absolute slack for comparisons of sums of cores and memory, which accumulate rounding."""
 
 
@@ -38,23 +39,26 @@ class OrderedQueue:
 
     __slots__ = ("_order", "_process_at", "_rank_of", "ranks")
 
-    def __init__(self, order: np.ndarray) -> None:
-        self._order = np.array(order, dtype=np.int64)
-        self._order.flags.writeable = False
-        self._process_at: list[int] = order.tolist()
-        rank = np.empty(order.size, dtype=np.int64)
-        rank[order] = np.arange(order.size)
-        self._rank_of: list[int] = rank.tolist()
+    def __init__(self, order: np.ndarray, tables: tuple[np.ndarray, list[int], list[int]] | None = None) -> None:
+        """An empty queue in the order ``order``; ``tables``, if given, are another queue's of the same order."""
+        if tables is None:
+            fixed = np.array(order, dtype=np.int64)
+            fixed.flags.writeable = False
+            rank = np.empty(order.size, dtype=np.int64)
+            rank[order] = np.arange(order.size)
+            tables = (fixed, order.tolist(), rank.tolist())
+        self._order: np.ndarray = tables[0]
+        self._process_at: list[int] = tables[1]
+        self._rank_of: list[int] = tables[2]
         self.ranks = array("q")
 
     def empty_copy(self) -> OrderedQueue:
         """A new, empty queue in the same order (sharing the order's tables, which never change)."""
-        queue = OrderedQueue.__new__(OrderedQueue)
-        queue._order = self._order
-        queue._process_at = self._process_at
-        queue._rank_of = self._rank_of
-        queue.ranks = array("q")
-        return queue
+        return OrderedQueue(self._order, (self._order, self._process_at, self._rank_of))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Copied and pickled by its state (a compiled class has no __dict__ for the default to copy).
+        return (_restored_queue, (self._order, self._process_at, self._rank_of, self.ranks))
 
     def __len__(self) -> int:
         return len(self.ranks)
@@ -145,6 +149,10 @@ class MachineIndex:
         self.keys = [cpu[j] for j in self._machines] if keys is None else keys
         self._max_memory = None
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Copied and pickled by its state (a compiled class has no __dict__ for the default to copy).
+        return (_restored_index, (self.cpu, self.memory, self._machines, self.keys, self._max_memory))
+
     def set(self, machine: int, cpu: float, memory: float) -> None:
         """Set one machine's free CPU and memory."""
         old_cpu = self.cpu[machine]
@@ -223,3 +231,20 @@ class MachineIndex:
                     best_memory_left = memory_left
                     best = other
         return best
+
+
+def _restored_queue(order: np.ndarray, process_at: list[int], rank_of: list[int], ranks: array[int]) -> OrderedQueue:
+    """An :class:`OrderedQueue` from the state its ``__reduce__`` gives."""
+    queue = OrderedQueue(order, (order, process_at, rank_of))
+    queue.ranks = ranks
+    return queue
+
+
+def _restored_index(
+    cpu: list[float], memory: list[float], machines: list[int], keys: list[float], max_memory: float | None
+) -> MachineIndex:
+    """A :class:`MachineIndex` from the state its ``__reduce__`` gives."""
+    index = MachineIndex([], [])
+    index.rebuild(cpu, memory, machines, keys)
+    index._max_memory = max_memory
+    return index
