@@ -290,7 +290,10 @@ class ClusterSimulator:
         self._use_steps: list[float] = []  # the seconds of each integration step since the last sum
         self._use_row_first: list[int] = []  # per row in use, the index of its first step in _use_steps
         self._version = [0] * m_count
-        self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
+        # Per machine, the rate and the earliest target (inf: none running) its completion in the heap
+        # was computed from: a completion is pushed again only when either changes (NaN: none pushed yet).
+        self._scheduled_rate = [math.nan] * m_count
+        self._scheduled_top = [math.inf] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
         self._changed: set[int] = set()  # machines whose batch budget or requested CPU changed
         self._all_changed = False  # every machine's budget changed (an allocation): as if all were in _changed
@@ -411,11 +414,9 @@ class ClusterSimulator:
         release_process = self._release_process
         demand_time = self._demand_time
         warmup = self._config.warmup
-        complete = self._complete
         version = self._version
         changed = self._changed
         touched = self._touched
-        update_rate = self._update_rate
         use_steps = self._use_steps
         use_row_first = self._use_row_first
         # A row of batch CPU in use is copied through memoryviews (cheaper than numpy's item assignment).
@@ -470,7 +471,7 @@ class ClusterSimulator:
                 if entry[1] == _COMPLETION:
                     j = entry[3]
                     if entry[4] == version[j]:  # else superseded: the machine's rate or next completion changed
-                        complete(j)
+                        self._complete(j)
                 else:
                     self._apply(self._allocations.pop(entry[2]))
             if demand_at == now:
@@ -522,9 +523,9 @@ class ClusterSimulator:
                     j = changed.pop()
                     if touched:
                         touched.clear()
-                        update_rate(j, True)
+                        self._update_rate(j, True)
                     else:
-                        update_rate(j, False)
+                        self._update_rate(j, False)
                 else:
                     self._update_rates()
             elif self._all_changed:
@@ -1214,26 +1215,29 @@ class ClusterSimulator:
             touched.update(moved)
         # Only machines whose rate or whose earliest-finishing process changed need a new completion,
         # pushed in machine order (their sequence numbers order equal times).
-        scheduled = self._scheduled
+        scheduled_rate = self._scheduled_rate
+        scheduled_top = self._scheduled_top
         version = self._version
         running_on = self._running
         heap = self._heap
         for j in sorted(touched) if len(touched) > 1 else touched:
             rate_j = rate[j]
             running = running_on[j]
-            top = running[0][0] if running else None
-            key = (rate_j, top)
-            if key == scheduled[j]:
+            top = running[0][0] if running else math.inf
+            if rate_j == scheduled_rate[j] and top == scheduled_top[j]:
                 continue
-            scheduled[j] = key
+            scheduled_rate[j] = rate_j
+            scheduled_top[j] = top
             version_j = version[j] = version[j] + 1
-            if top is not None and rate_j > 0:
+            if running and rate_j > 0:
                 elapsed = now - virtual_at[j]
                 if elapsed > 0:
                     virtual[j] += rate_j * elapsed
                 virtual_at[j] = now
-                finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
-                heappush(heap, (finish, _COMPLETION, self._sequence, j, version_j))
+                left = top - virtual[j]
+                if left < 0.0:  # max(left, 0.0)
+                    left = 0.0
+                heappush(heap, (now + left / rate_j, _COMPLETION, self._sequence, j, version_j))
                 self._sequence += 1
         changed.clear()
         touched.clear()
@@ -1286,14 +1290,14 @@ class ClusterSimulator:
         elif not touched:
             return
         running = self._running[j]
-        top = running[0][0] if running else None
-        key = (rate_j, top)
-        if key == self._scheduled[j]:
+        top = running[0][0] if running else math.inf
+        if rate_j == self._scheduled_rate[j] and top == self._scheduled_top[j]:
             return
-        self._scheduled[j] = key
+        self._scheduled_rate[j] = rate_j
+        self._scheduled_top[j] = top
         version = self._version
         version_j = version[j] = version[j] + 1
-        if top is not None and rate_j > 0:
+        if running and rate_j > 0:
             elapsed = now - virtual_at[j]
             if elapsed > 0:
                 virtual[j] += rate_j * elapsed
