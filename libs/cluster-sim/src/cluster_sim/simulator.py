@@ -710,12 +710,13 @@ class ClusterSimulator:
             # would alone).
             demand = self._demand_rows[[row for _, row, _ in segments]]
             quota = np.array([quota for _, _, quota in segments])
-            rates = _add_reduce(np.maximum(demand - quota, 0.0), axis=1).tolist()
-            ends = [first for first, _, _ in segments[1:]]
-            ends.append(len(steps))
+            rates: list[float] = _add_reduce(np.maximum(demand - quota, 0.0), axis=1).tolist()
             total = self._shortfall
-            for (first, _, _), end, rate in zip(segments, ends, rates, strict=True):
-                for counted in steps[first:end]:
+            last = len(segments) - 1
+            for k in range(last + 1):
+                rate = rates[k]
+                end = segments[k + 1][0] if k < last else len(steps)
+                for counted in steps[segments[k][0] : end]:
                     total += rate * counted
             self._shortfall = total
             steps.clear()
@@ -732,7 +733,8 @@ class ClusterSimulator:
             old = np.array([before for before, _ in changes])
             new = np.array([after for _, after in changes])
             total = self._quota_change
-            for size in _add_reduce(np.absolute(new - old), axis=1).tolist():
+            sizes: list[float] = _add_reduce(np.absolute(new - old), axis=1).tolist()
+            for size in sizes:
                 total += size
             self._quota_change = total
             changes.clear()
@@ -1333,13 +1335,14 @@ class ClusterSimulator:
         first = self._use_row_first
         if first:
             # A row-wise reduction sums each row exactly as ``ndarray.sum`` sums it alone.
-            sums = _add_reduce(self._use_rows[: len(first)], axis=1).tolist()
+            sums: list[float] = _add_reduce(self._use_rows[: len(first)], axis=1).tolist()
             steps = self._use_steps
-            ends = first[1:]
-            ends.append(len(steps))
             used = self._batch_used
-            for rate, start, end in zip(sums, first, ends, strict=True):
-                for elapsed in steps[start:end]:
+            last = len(first) - 1
+            for k in range(last + 1):
+                rate = sums[k]
+                end = first[k + 1] if k < last else len(steps)
+                for elapsed in steps[first[k] : end]:
                     used += rate * elapsed
             self._batch_used = used
             self._batch_use_rate = sums[-1]
