@@ -102,7 +102,7 @@ class MypycBuildHook(BuildHookInterface):
         headers = Path(sysconfig.get_paths()["include"], "Python.h")
         if not headers.is_file():
             return f"no Python headers ({headers} is missing)"
-        compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+        compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
         if shutil.which(compiler) is None:
             return f"no C compiler ({compiler!r} is not on PATH)"
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}

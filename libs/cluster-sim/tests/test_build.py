@@ -51,7 +51,7 @@ def _why_not_compilable() -> str | None:
     headers = Path(sysconfig.get_paths()["include"], "Python.h")
     if not headers.is_file():
         return f"no Python headers ({headers})"
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         return f"no C compiler ({compiler})"
     return None

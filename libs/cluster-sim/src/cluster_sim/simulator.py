@@ -11,7 +11,7 @@ from typing import Any, Final, cast
 
 import numpy as np
 
-from cluster_sim._structures import TOL, MachineIndex, OrderedQueue
+from cluster_sim._structures import COMPILED, TOL, MachineIndex, OrderedQueue
 from cluster_sim.allocation import Allocation, QueueOrder, capped_quota
 from cluster_sim.models import (
     CostBreakdown,
@@ -274,10 +274,10 @@ class ClusterSimulator:
         self._budget_rows = np.zeros((0, m_count))
         self._budget_lists: list[list[float]] = []
         self._budget_rows_first = 0
-        self._requested = [0.0] * m_count  # cores requested by running processes
-        self._requested_array = np.zeros(m_count)  # the same values, for the sums over machines
+        # Cores requested by running processes, and their memory: made arrays where numpy needs them (once
+        # per control step or placement pass costs less than keeping mirror arrays at every event).
+        self._requested = [0.0] * m_count
         self._memory_used = [0.0] * m_count
-        self._memory_used_array = np.zeros(m_count)  # the same values, for the observation
         self._virtual = [0.0] * m_count  # full-speed seconds elapsed on the machine
         self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
@@ -559,9 +559,9 @@ class ClusterSimulator:
             self._demand_rows[self._next_demand].copy(),
             self._quota.copy(),
             self._budget_array.copy(),
-            self._requested_array.copy(),
+            np.array(self._requested),
             self._use.copy(),  # requested × rate per machine, the batch CPU in use
-            self._memory_used_array.copy(),
+            np.array(self._memory_used),
             self._n_queued,
             self._n_running,
             self._n_finished,
@@ -777,11 +777,9 @@ class ClusterSimulator:
             requested = 0.0
             memory_used = 0.0
         self._requested[j] = requested
-        self._requested_array[j] = requested
         self._use[j] = requested * self._rate[j]
         self._use_rate_stale = True
         self._memory_used[j] = memory_used
-        self._memory_used_array[j] = memory_used
         if self._n_queued:
             self._changed.add(j)
             self._touched.add(j)
@@ -858,10 +856,10 @@ class ClusterSimulator:
             # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's;
             # 1.0 × a budget is the budget).
             if fraction == 1.0:
-                cpu_array = self._budget_array - self._requested_array
+                cpu_array = self._budget_array - np.array(self._requested)
             else:
-                cpu_array = fraction * self._budget_array - self._requested_array
-            new_cpu = cpu_array.tolist()
+                cpu_array = fraction * self._budget_array - np.array(self._requested)
+            new_cpu: list[float] = cpu_array.tolist()
             # Only the machines whose memory in use changed have another free memory now.
             new_memory = free.memory
             if grew_needed:
@@ -877,7 +875,11 @@ class ClusterSimulator:
                 for j in self._memory_stale:
                     new_memory[j] = batch_memory[j] - memory_used[j]
             order = cpu_array.argsort()
-            free.rebuild(new_cpu, new_memory, order.tolist(), cpu_array[order].tolist())
+            machines: list[int] = order.tolist()
+            # The keys in order: compiled, picked from new_cpu (C reads, no array); interpreted, numpy's
+            # gather is the faster. The same values.
+            keys = [new_cpu[j] for j in machines] if COMPILED else cpu_array[order].tolist()
+            free.rebuild(new_cpu, new_memory, machines, keys)
         else:
             grew = []
             free_cpu = free.cpu
@@ -1101,12 +1103,10 @@ class ClusterSimulator:
         self._target[i] = target
         requested = self._requested[j] + cpu
         self._requested[j] = requested
-        self._requested_array[j] = requested
         self._use[j] = requested * rate
         self._use_rate_stale = True
         memory_used = self._memory_used[j] + memory
         self._memory_used[j] = memory_used
-        self._memory_used_array[j] = memory_used
         return rate, requested, memory_used
 
     def _start_on(self, i: int, j: int) -> None:
@@ -1203,7 +1203,9 @@ class ClusterSimulator:
             use = self._use
             requested_now = self._requested
             slowed_machines = self._slowed
-            for j, new_j in zip(moved, new_rates, strict=True):
+            for k in range(len(moved)):
+                j = moved[k]
+                new_j = new_rates[k]
                 # Bring the virtual clock up to now at the old rate before the rate changes.
                 virtual[j] += rate[j] * (now - virtual_at[j])
                 virtual_at[j] = now
@@ -1259,7 +1261,7 @@ class ClusterSimulator:
         """
         if self._all_stale or len(self._stale) > _BULK:
             if self._n_queued or self._config.borrowing:
-                return (self._requested_array > self._budget_array).nonzero()[0].tolist()
+                return (np.array(self._requested) > self._budget_array).nonzero()[0].tolist()
             # Nothing is queued, so the next placement pass considers only the processes released by
             # then, whatever grew.
             self._refresh_free(grew_needed=False)
