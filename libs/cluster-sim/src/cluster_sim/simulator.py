@@ -274,10 +274,10 @@ class ClusterSimulator:
         self._budget_rows = np.zeros((0, m_count))
         self._budget_lists: list[list[float]] = []
         self._budget_rows_first = 0
-        # Cores requested by running processes, and their memory: made arrays where numpy needs them (once
-        # per control step or placement pass costs less than keeping mirror arrays at every event).
-        self._requested = [0.0] * m_count
+        self._requested = [0.0] * m_count  # cores requested by running processes
+        self._requested_array = np.zeros(m_count)  # the same values, for the sums over machines
         self._memory_used = [0.0] * m_count
+        self._memory_used_array = np.zeros(m_count)  # the same values, for the observation
         self._virtual = [0.0] * m_count  # full-speed seconds elapsed on the machine
         self._virtual_at = [0.0] * m_count  # time at which _virtual was last brought up to date
         self._rate = [1.0] * m_count  # fraction of its request each running process gets
@@ -559,9 +559,9 @@ class ClusterSimulator:
             self._demand_rows[self._next_demand].copy(),
             self._quota.copy(),
             self._budget_array.copy(),
-            np.array(self._requested),
+            self._requested_array.copy(),
             self._use.copy(),  # requested × rate per machine, the batch CPU in use
-            np.array(self._memory_used),
+            self._memory_used_array.copy(),
             self._n_queued,
             self._n_running,
             self._n_finished,
@@ -777,9 +777,11 @@ class ClusterSimulator:
             requested = 0.0
             memory_used = 0.0
         self._requested[j] = requested
+        self._requested_array[j] = requested
         self._use[j] = requested * self._rate[j]
         self._use_rate_stale = True
         self._memory_used[j] = memory_used
+        self._memory_used_array[j] = memory_used
         if self._n_queued:
             self._changed.add(j)
             self._touched.add(j)
@@ -856,9 +858,9 @@ class ClusterSimulator:
             # The same operations as in the loop below, per element (numpy's float64 arithmetic is IEEE's;
             # 1.0 × a budget is the budget).
             if fraction == 1.0:
-                cpu_array = self._budget_array - np.array(self._requested)
+                cpu_array = self._budget_array - self._requested_array
             else:
-                cpu_array = fraction * self._budget_array - np.array(self._requested)
+                cpu_array = fraction * self._budget_array - self._requested_array
             new_cpu: list[float] = cpu_array.tolist()
             # Only the machines whose memory in use changed have another free memory now.
             new_memory = free.memory
@@ -1103,10 +1105,12 @@ class ClusterSimulator:
         self._target[i] = target
         requested = self._requested[j] + cpu
         self._requested[j] = requested
+        self._requested_array[j] = requested
         self._use[j] = requested * rate
         self._use_rate_stale = True
         memory_used = self._memory_used[j] + memory
         self._memory_used[j] = memory_used
+        self._memory_used_array[j] = memory_used
         return rate, requested, memory_used
 
     def _start_on(self, i: int, j: int) -> None:
@@ -1261,7 +1265,7 @@ class ClusterSimulator:
         """
         if self._all_stale or len(self._stale) > _BULK:
             if self._n_queued or self._config.borrowing:
-                return (np.array(self._requested) > self._budget_array).nonzero()[0].tolist()
+                return (self._requested_array > self._budget_array).nonzero()[0].tolist()
             # Nothing is queued, so the next placement pass considers only the processes released by
             # then, whatever grew.
             self._refresh_free(grew_needed=False)
