@@ -42,6 +42,7 @@ from simrun_core.config import ServerConfig
 from simrun_core.identity import Priority
 from simrun_core.resources import ResolvedResources, SplitMode
 from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.rpc.serving import settle_heap
 from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_gateway.embedded import start_embedded
 from simrun_planner import Node, plan_task
@@ -121,6 +122,7 @@ def submit_concurrently(
     submitted run's pod (the tracker's whole work) while no pod computes on the cores the server and its clients
     share."""
     server = start_embedded(load_config(root))
+    settle_heap()  # as `simrun server` does once started (`serve`)
     try:
         model = model_repo(root / "model")
         with Client(server.address, TOKEN) as client:
