@@ -185,3 +185,30 @@ def test_kept_snapshots_are_bounded(tmp_path):
         store.snapshot_files("m", snapshot_id).unlink()
     assert keys.of(runs["s1"]) == ["s1"]  # forgotten, and its listing is gone
     assert keys.of(runs["s3"]) == [snapshot_key({"files": {"a.py": sha("s3")}}, None)]
+
+
+def test_kept_snapshots_are_bounded_by_their_files_too(tmp_path):
+    """The content kept is bounded by the files of the snapshots kept: past it the oldest goes, and a snapshot
+    larger than the bound alone is never kept (its listing is read at every submission)."""
+    store = StoreLayout(tmp_path)
+    keys = SnapshotKeys(store, kept=10, files_kept=3)
+    listings = {
+        "small-1": {"files": {"a.py": sha("1"), "b.py": sha("2")}},
+        "small-2": {"files": {"a.py": sha("3"), "b.py": sha("4")}},
+        "large": {"files": {f"f{i}.py": sha(str(i)) for i in range(5)}},
+    }
+    runs = {}
+    for snapshot_id, listing in listings.items():
+        path = store.snapshot_files("m", snapshot_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(listing))
+        runs[snapshot_id] = record_with_workflow(None)
+        runs[snapshot_id].snapshots = [
+            SnapshotRef(name="m", snapshot_id=snapshot_id, path=f"snapshots/m/{snapshot_id}")
+        ]
+        assert keys.of(runs[snapshot_id]) == [snapshot_key(listing, None)]
+    for snapshot_id in listings:
+        store.snapshot_files("m", snapshot_id).unlink()
+    assert keys.of(runs["small-1"]) == ["small-1"]  # gone: 2 + 2 files are more than 3
+    assert keys.of(runs["small-2"]) == [snapshot_key(listings["small-2"], None)]
+    assert keys.of(runs["large"]) == ["large"]  # never kept

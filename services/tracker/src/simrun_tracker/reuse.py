@@ -90,16 +90,20 @@ def check_request(
 
 
 SNAPSHOTS_KEPT = 256
-"""Snapshots whose content for task keys a tracker keeps in memory (a few hundred KB for a model of 5,000 files)."""
+"""Snapshots whose content for task keys a tracker keeps in memory, at most."""
+SNAPSHOT_FILES_KEPT = 4_000_000
+"""Files of those snapshots kept in all, at most (8 bytes each: 32 MB); a larger snapshot is read every time."""
 
 
 class SnapshotKeys:
     """The content of each snapshot as task keys see it (without the workflow file), its listing read once per
     snapshot: a snapshot never changes, and a sweep's submissions use the same few. Safe across threads."""
 
-    def __init__(self, store: StoreLayout, kept: int = SNAPSHOTS_KEPT) -> None:
+    def __init__(self, store: StoreLayout, kept: int = SNAPSHOTS_KEPT, files_kept: int = SNAPSHOT_FILES_KEPT) -> None:
         self.store = store
         self._kept = kept
+        self._files_kept = files_kept
+        self._files = 0
         self._lock = threading.Lock()
         self._contents: OrderedDict[tuple[str, str], SnapshotContent] = OrderedDict()
 
@@ -126,11 +130,14 @@ class SnapshotKeys:
             content = SnapshotContent.of(listing)
         except (OSError, ValueError, TypeError, AttributeError):
             return name[1]  # not kept: a listing unreadable now may be readable later
-        with self._lock:
-            self._contents[name] = content
-            self._contents.move_to_end(name)
-            while len(self._contents) > self._kept:
-                self._contents.popitem(last=False)
+        if content.files <= self._files_kept:
+            with self._lock:
+                if name not in self._contents:
+                    self._contents[name] = content
+                    self._files += content.files
+                self._contents.move_to_end(name)
+                while len(self._contents) > self._kept or self._files > self._files_kept:
+                    self._files -= self._contents.popitem(last=False)[1].files
         return content.key(workflow_text) or snapshot_key(listing, workflow_text)
 
 
