@@ -37,6 +37,11 @@ TOKEN = "bench-token"
 
 def model_repo(dest: Path) -> Path:
     shutil.copytree(MODEL, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return model_repo_at(dest)
+
+
+def model_repo_at(dest: Path) -> Path:
+    """Makes `dest` a git repository with everything in it committed."""
     env = {"GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"}
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "model"]):
         subprocess.run(["git", *args], cwd=dest, check=True, env={**env, "PATH": "/usr/bin:/bin"})

@@ -8,10 +8,13 @@
    then with their pods computing on the same 2 cores as the server and the clients; beside GetIdentity from the
    same clients at once (the floor of any call at that concurrency on this machine, then). Goal: p99 under 100 ms
    at 10 clients.
-3. The tracker's CPU (driver, local executor) over an idle period with 0 and with 1,000 queued runs, their pods
+3. SubmitRun from one client, the driver off, of a model of a few files and of the same model with 5,000 more
+   (data files, committed): the median latency of each and their ratio. Goal: flat (a submission reads what it
+   needs of a snapshot once, not its whole listing again).
+4. The tracker's CPU (driver, local executor) over an idle period with 0 and with 1,000 queued runs, their pods
    waiting for the one node, which an owner's pod holds. Goal: both under 2% of one core.
 
-    uv run --frozen python benchmarks/tracker_scale.py [--sizes 1000,5000,20000] [--idle-s 20]
+    uv run --frozen python benchmarks/tracker_scale.py [--sizes 1000,5000,20000] [--idle-s 20] [--only PART]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import dataclasses
 import multiprocessing
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -30,13 +34,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from e2e_submit import TOKEN, config, model_repo, percentile
+from e2e_submit import MODEL, TOKEN, config, model_repo, model_repo_at, percentile
 from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
 from simrun_client.client import Client
 from simrun_client.snapshots import upload_snapshot
+from simrun_core.config import ServerConfig
 from simrun_core.identity import Priority
 from simrun_core.resources import ResolvedResources, SplitMode
 from simrun_core.rpc.auth import bearer_metadata
+from simrun_core.rpc.serving import settle_heap
 from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_gateway.embedded import start_embedded
 from simrun_planner import Node, plan_task
@@ -100,6 +106,13 @@ def list_all(root: Path, count: int) -> tuple[float, float, int]:
         server.stop()
 
 
+def load_config(root: Path) -> ServerConfig:
+    """The benchmark's server: every submission counts against the identity's bound of active runs until it
+    ends, so the bound is lifted for the load."""
+    cfg = config(root, cores=2)
+    return cfg.model_copy(update={"limits": cfg.limits.model_copy(update={"active_runs_per_identity": 100_000})})
+
+
 def submit_concurrently(
     root: Path, clients: int, per_client: int, computing: bool
 ) -> tuple[float, float, float, float, float]:
@@ -108,10 +121,8 @@ def submit_concurrently(
     a holder run first takes the node's cores with units that sleep, so the driver plans, records and queues every
     submitted run's pod (the tracker's whole work) while no pod computes on the cores the server and its clients
     share."""
-    cfg = config(root, cores=2)
-    # Every submission counts against the identity's bound of active runs until it ends: lift it for the load.
-    cfg = cfg.model_copy(update={"limits": cfg.limits.model_copy(update={"active_runs_per_identity": 100_000})})
-    server = start_embedded(cfg)
+    server = start_embedded(load_config(root))
+    settle_heap()  # as `simrun server` does once started (`serve`)
     try:
         model = model_repo(root / "model")
         with Client(server.address, TOKEN) as client:
@@ -159,6 +170,33 @@ def submit_concurrently(
             statistics.median(floor),
             percentile(floor, 0.99),
         )
+    finally:
+        server.stop()
+
+
+def submit_by_model_size(root: Path, extra_files: int, submissions: int) -> float:
+    """The median SubmitRun latency (one client, driver off) of the benchmark model with `extra_files` more."""
+    server = start_embedded(load_config(root), drive_runs=False)
+    try:
+        model = root / "model"
+        shutil.copytree(MODEL, model, ignore=shutil.ignore_patterns("__pycache__"))
+        for number in range(extra_files):
+            folder = model / "data" / f"{number // 100:03d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"sample-{number}.csv").write_text(f"sample,{number}\n")
+        model_repo_at(model)
+        with Client(server.address, TOKEN) as client:
+            snapshot = snapshot_to_proto(upload_snapshot(model, client.channel).snapshot)
+            stub = tracker_pb2_grpc.RunTrackerServiceStub(client.channel)
+            workflow = "tasks:\n  scan:\n    type: e2etasks.tasks:Slow\n    settings: {units: 2, seconds: 0.01}\n"
+            request = tracker_pb2.SubmitRunRequest(workflow=workflow, snapshots=[snapshot])
+            stub.SubmitRun(request, metadata=bearer_metadata(TOKEN))  # the cold one: the describer starts
+            latencies = []
+            for _ in range(submissions):
+                start = time.perf_counter()
+                stub.SubmitRun(request, metadata=bearer_metadata(TOKEN))
+                latencies.append(time.perf_counter() - start)
+        return statistics.median(latencies)
     finally:
         server.stop()
 
@@ -237,9 +275,10 @@ def main() -> None:
     parser.add_argument("--per-client", type=int, default=40)
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each submission figure (median)")
-    parser.add_argument("--only", choices=["list", "submit", "idle"], help="one part only")
+    parser.add_argument("--only", choices=["list", "submit", "model", "idle"], help="one part only")
     args = parser.parse_args()
-    print("ListRuns, every page of 50:")
+    if args.only in (None, "list"):
+        print("ListRuns, every page of 50:")
     for size in (int(s) for s in args.sizes.split(",")) if args.only in (None, "list") else ():
         with tempfile.TemporaryDirectory() as tmp:
             listing, floor, pages = list_all(Path(tmp), size)
@@ -247,7 +286,8 @@ def main() -> None:
             f"  {size:6d} runs: {listing:6.2f} s for {pages} pages ({listing / pages * 1e3:5.2f} ms a page); "
             f"GetIdentity x{pages}: {floor:5.2f} s; ratio {listing / floor:5.1f}"
         )
-    print("SubmitRun with the driver on:")
+    if args.only in (None, "submit"):
+        print("SubmitRun with the driver on:")
     for computing in (False, True) if args.only in (None, "submit") else ():
         print("  the runs' pods computing on the same 2 cores:" if computing else "  the runs queued behind a holder:")
         for clients in (1, 10):
@@ -262,7 +302,20 @@ def main() -> None:
                 f" GetIdentity from as many clients: p50 {floor50 * 1e3:5.1f} ms  p99 {floor99 * 1e3:5.1f} ms;"
                 f" p99 ratio {p99 / floor99:5.1f} (medians of {args.repeats})"
             )
-    print(f"server CPU over {args.idle_s:.0f} s idle (percent of one core; goal < 2%):")
+    if args.only in (None, "model"):
+        print("SubmitRun by the model's size (one client, the driver off):")
+        small, large = [], []
+        for _ in range(args.repeats):  # alternated, so both sizes see the same machine
+            for extra, figures in ((0, small), (5000, large)):
+                with tempfile.TemporaryDirectory() as tmp:
+                    figures.append(submit_by_model_size(Path(tmp), extra, 60))
+        alone, more = statistics.median(small), statistics.median(large)
+        print(
+            f"  the model alone: median {alone * 1e3:6.1f} ms; with 5,000 more files: {more * 1e3:6.1f} ms;"
+            f" ratio {more / alone:4.2f} (medians of {args.repeats}; goal: about 1)"
+        )
+    if args.only in (None, "idle"):
+        print(f"server CPU over {args.idle_s:.0f} s idle (percent of one core; goal < 2%):")
     for queued in (0, 1000) if args.only in (None, "idle") else ():
         with tempfile.TemporaryDirectory() as tmp:
             print(f"  {queued:5d} queued runs: {idle_with_queue(Path(tmp), queued, args.idle_s):5.2f}%")

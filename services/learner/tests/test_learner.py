@@ -7,9 +7,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from simrun_core.errors import FailedPrecondition, InvalidArgument
 from simrun_core.resources import ResolutionRule, ResolvedResources
-from simrun_learner import Observation, ObservationKey, ResourceLearner, observations_from_reports
+from simrun_learner import Observation, ObservationKey, ResourceLearner, observations_from_reports, rules
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.reports import UnitSeconds, WorkerEnd, WorkerReport
 
@@ -239,3 +241,45 @@ def test_a_key_s_observations_kept_in_memory_follow_every_write_of_any_connectio
         returned = learner.observations(KEY)
         returned.append(first)  # a caller changing its list changes nothing kept
         assert learner.observations(KEY) == []
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([0.5, 1.0, 2.0, 3.0]),
+            st.sampled_from([False, False, True]),
+            st.sampled_from([False, False, False, True]),  # few successes: kills older than the window stand
+            st.sampled_from(["", "r1", "r1", "r2"]),
+            st.integers(0, 5),
+        ),
+        max_size=60,
+    )
+)
+@example([(3.0, True, False, "r1", 0)] + [(0.5, False, True, "r1", 1)] * 25)  # the killed run's retries only
+@example([(0.5, False, True, "r2", 0), (3.0, True, False, "r1", 1)] + [(0.5, False, True, "r1", 2)] * 25)
+def test_the_rules_read_from_the_store_answer_as_over_every_observation(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[float, bool, bool, str, int]]
+) -> None:
+    """`resolve` and `estimate` read only the window and the observations that can still decide the floor; the
+    answers equal the rules over the key's whole history, with ties in time ordered as they were stored."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    with ResourceLearner(tmp_path_factory.mktemp("learner") / "observations.sqlite") as learner:
+        learner.record_all(
+            Observation(
+                KEY,
+                gb,
+                oom_killed=kill,
+                oom_per_worker_gb=gb if kill else None,
+                succeeded=ok,
+                run_id=run,
+                unit_seconds=(gb,),
+                observed_at=start + timedelta(seconds=second),  # few distinct times: many ties
+            )
+            for gb, kill, ok, run, second in rows
+        )
+        learner.record(Observation(ObservationKey("other:T", "m", ""), 9.0, succeeded=True))  # another key
+        every = learner.observations(KEY)
+        assert learner.resolve(KEY, HINT) == rules.resolve(every, HINT)
+        if rules.median_unit_seconds(every[-rules.WINDOW :]) is not None:
+            assert learner.estimate(KEY, 100, 2, 3) == rules.estimate(every, 100, 2, 3)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from simrun_core.errors import FailedPrecondition, InvalidArgument
 from simrun_core.resources import ResolutionRule, ResolvedResources
-from simrun_learner import Observation, ObservationKey, estimate, percentile, resolve
+from simrun_learner import Observation, ObservationKey, estimate, oom_floor, percentile, resolve
 
 KEY = ObservationKey("model.tasks:Fit", "pkmodel", '"large"')
 HINT = ResolvedResources(base_memory_gb=1, per_worker_gb=4, cores_per_process=2, scratch_gb=5)
@@ -175,3 +177,40 @@ def test_the_request_covers_the_percentile_and_every_standing_kill(
         lifted = any(ok and later_run != run for _, _, ok, later_run in rows[i + 1 :])
         if kill and not lifted:
             assert resolved.per_worker_gb >= 1.5 * gb - 1e-9
+
+
+def floor_by_definition(observations: list[Observation]) -> tuple[float, Observation] | None:
+    """The floor as the rule says it: every kill with no later success of another run (or of an unknown run),
+    the largest first and of equal ones the oldest; quadratic, the oracle of the one-pass rule."""
+    floor = None
+    for i, kill in enumerate(observations):
+        if not kill.oom_killed or kill.oom_per_worker_gb is None:
+            continue
+        lifted = any(o.succeeded and (o.run_id != kill.run_id or not kill.run_id) for o in observations[i + 1 :])
+        value = math.ceil(1.5 * kill.oom_per_worker_gb * 1024 - 1e-6) / 1024
+        if not lifted and (floor is None or value > floor[0]):
+            floor = (value, kill)
+    return floor
+
+
+histories = st.lists(
+    st.tuples(
+        st.sampled_from([0.5, 1.0, 2.0]),
+        st.booleans(),
+        st.booleans(),
+        st.sampled_from(["", "r1", "r2", "r3"]),
+    ),
+    max_size=40,
+)
+
+
+@given(histories)
+def test_the_floor_in_one_pass_is_the_floor_by_definition(rows: list[tuple[float, bool, bool, str]]) -> None:
+    observations = [
+        Observation(KEY, gb, oom_killed=kill, oom_per_worker_gb=gb if kill else None, succeeded=ok, run_id=run)
+        for gb, kill, ok, run in rows
+    ]
+    found, expected = oom_floor(observations), floor_by_definition(observations)
+    assert found == expected
+    if found is not None and expected is not None:
+        assert found[1] is expected[1]  # the same kill decides, not only the same value

@@ -14,6 +14,7 @@ earlier run's results. A source that is missing or not merged is a miss, never a
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import importlib.metadata
@@ -24,6 +25,7 @@ import stat
 import sys
 import time
 import uuid
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -103,6 +105,40 @@ def snapshot_key(listing: Mapping[str, Any], workflow_text: str | None = None) -
         kind = "l" if path in symlinks else ("x" if path in executable else "f")
         digest.update(f"{path}\0{kind}\0{sha256}\0{symlinks.get(path, '')}\n".encode())
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class SnapshotContent:
+    """What task keys need of a snapshot's listing, kept small: the key with every file counted, and a hash of
+    each regular file's digest (8 bytes a file). A snapshot never changes, so a submission need not read and hash
+    its whole listing again (a cost that grew with the model's files: 4.8 ms a submission at 5,000 files)."""
+
+    whole_key: str
+    digests: array[int]
+    """`hash()` of every regular file's SHA-256, sorted: a text no file holds leaves every file in its key."""
+
+    @classmethod
+    def of(cls, listing: Mapping[str, Any]) -> SnapshotContent:
+        symlinks = dict(listing.get("symlinks", {}))
+        files = dict(listing.get("files", {}))
+        digests = array("q", sorted({hash(sha) for path, sha in files.items() if path not in symlinks}))
+        return cls(snapshot_key(listing, None), digests)
+
+    @property
+    def files(self) -> int:
+        """How many distinct digests it keeps (what it costs in memory)."""
+        return len(self.digests)
+
+    def key(self, workflow_text: str | None) -> str | None:
+        """`snapshot_key(listing, workflow_text)` when no file of the snapshot may hold `workflow_text`; None
+        when one may (then only the listing can say which files count)."""
+        if workflow_text is None:
+            return self.whole_key
+        wanted = hash(hashlib.sha256(workflow_text.encode()).hexdigest())
+        place = bisect.bisect_left(self.digests, wanted)
+        if place < len(self.digests) and self.digests[place] == wanted:
+            return None
+        return self.whole_key
 
 
 SERVER_ENVIRONMENT = "default"

@@ -29,7 +29,7 @@ class ResourceLearner:
     def resolve(self, key: ObservationKey, hint: ResolvedResources) -> ResolvedResources:
         """The request of a key from its observations and its type's hint; `rule` and `reason` say why."""
         key.check()
-        return rules.resolve(self._store.of_key(key), hint)
+        return rules.resolve(self._store.rule_inputs(key), hint)
 
     def record(self, observation: Observation) -> Observation:
         """Records one observation; returns it with its id and time. `InvalidArgument` for a bad one."""
@@ -67,7 +67,7 @@ class ResourceLearner:
             FailedPrecondition: no unit seconds are learned for the key.
         """
         key.check()
-        return rules.estimate(self._store.of_key(key), units, pods, processes)
+        return rules.estimate(self._store.rule_inputs(key), units, pods, processes)
 
     def close(self) -> None:
         """Closes the database."""

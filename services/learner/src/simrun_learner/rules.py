@@ -135,15 +135,15 @@ def oom_floor(observations: Sequence[Observation]) -> tuple[float, Observation] 
     Returns the floor in GiB and the kill deciding it, or None.
     """
     floor: tuple[float, Observation] | None = None
-    for i, killed in enumerate(observations):
-        if not killed.oom_killed or killed.oom_per_worker_gb is None:
-            continue
-        lifted = any(
-            later.succeeded and (later.run_id != killed.run_id or not killed.run_id) for later in observations[i + 1 :]
-        )
-        value = _whole_mib(OOM_FACTOR * killed.oom_per_worker_gb)
-        if not lifted and (floor is None or value > floor[0]):
-            floor = (value, killed)
+    later_runs: set[str] = set()  # run ids of the successes after the observation at hand: two are enough to say
+    for killed in reversed(observations):  # one pass, newest first
+        if killed.oom_killed and killed.oom_per_worker_gb is not None:
+            lifted = bool(later_runs) and (not killed.run_id or len(later_runs) > 1 or killed.run_id not in later_runs)
+            value = _whole_mib(OOM_FACTOR * killed.oom_per_worker_gb)
+            if not lifted and (floor is None or value >= floor[0]):
+                floor = (value, killed)  # >=: of equal floors the oldest kill decides, as in the order of the text
+        if killed.succeeded and len(later_runs) < 2:
+            later_runs.add(killed.run_id)
     return floor
 
 

@@ -6,17 +6,19 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Index, Row
+from sqlalchemy import Index, Row, Select, bindparam, or_, tuple_
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
-from simrun_learner.rules import Observation, ObservationKey
+from simrun_learner.rules import WINDOW, Observation, ObservationKey
 
 CACHED_KEYS = 1024
-"""How many keys' observations the store keeps in memory (the least recently read go first)."""
+"""How many reads of keys' observations the store keeps in memory (the least recently read go first)."""
 
 
 class ObservationRow(SQLModel, table=True):
@@ -53,7 +55,8 @@ class ObservationStore:
         # of any other connection, this process's or another's).
         self._watch = sqlite3.connect(path, check_same_thread=False, timeout=30)
         self._watch_lock = threading.Lock()
-        self._cache: OrderedDict[ObservationKey, tuple[int, tuple[Observation, ...]]] = OrderedDict()
+        self._rule_queries = _RuleQueries.build()
+        self._cache: OrderedDict[tuple[str, ObservationKey], tuple[int, tuple[Observation, ...]]] = OrderedDict()
 
     def add(self, observation: Observation) -> Observation:
         """Stores an observation; returns it with its id and time (now, unless it has one)."""
@@ -78,19 +81,46 @@ class ObservationStore:
 
     def of_key(self, key: ObservationKey) -> list[Observation]:
         """Every observation of a key, oldest first (by time, then by the order they were stored)."""
+        return self._cached(("all", key), lambda: self._read_key(key))
+
+    def _cached(self, name: tuple[str, ObservationKey], read: Callable[[], list[Observation]]) -> list[Observation]:
+        """What `read` gives, kept while no connection has committed since (SQLite's data_version)."""
         with self._watch_lock:
             version = self._watch.execute("PRAGMA data_version").fetchone()[0]
-            cached = self._cache.get(key)
+            cached = self._cache.get(name)
             if cached is not None and cached[0] == version:
-                self._cache.move_to_end(key)
+                self._cache.move_to_end(name)
                 return list(cached[1])
-        observations = self._read_key(key)
+        observations = read()
         with self._watch_lock:
-            self._cache[key] = (version, tuple(observations))
-            self._cache.move_to_end(key)
+            self._cache[name] = (version, tuple(observations))
+            self._cache.move_to_end(name)
             while len(self._cache) > CACHED_KEYS:
                 self._cache.popitem(last=False)
         return observations
+
+    def rule_inputs(self, key: ObservationKey) -> list[Observation]:
+        """The observations of a key that the learner's rules read, oldest first: the last `WINDOW`, and the kills
+        and successes since the latest success of a run other than the latest successful one (`rules.oom_floor`
+        lifts every kill before it: of two later successes of different runs, one is of another run). The rules
+        answer over these as over every observation, at a cost that does not grow with the key's history."""
+        return self._cached(("rules", key), lambda: self._read_rule_inputs(key))
+
+    def _read_rule_inputs(self, key: ObservationKey) -> list[Observation]:
+        queries, of_key = self._rule_queries, {"task_type": key.task_type, "model": key.model, "cost": key.cost_value}
+        with self._engine.connect() as connection:
+            rows = {row.id: row for row in connection.execute(queries.window, of_key)}
+            deciding, since = queries.deciding, {}
+            latest = connection.execute(queries.latest_success, of_key).first()
+            if latest is not None:
+                other = connection.execute(
+                    queries.other_success,
+                    {**of_key, "run_id": latest.run_id, "at": latest.observed_at, "id": latest.id},
+                ).first()
+                if other is not None:
+                    deciding, since = queries.deciding_since, {"at": other.observed_at, "id": other.id}
+            rows.update((row.id, row) for row in connection.execute(deciding, {**of_key, **since}))
+        return [_observation(row) for row in sorted(rows.values(), key=lambda row: (row.observed_at, row.id))]
 
     def _read_key(self, key: ObservationKey) -> list[Observation]:
         table = SQLModel.metadata.tables[ObservationRow.__tablename__]
@@ -125,6 +155,40 @@ class ObservationStore:
         self._engine.dispose()
         with self._watch_lock:
             self._watch.close()
+
+
+@dataclass(frozen=True)
+class _RuleQueries:
+    """The statements of `ObservationStore.rule_inputs`, built once (building one costs more than running it);
+    each takes the key as `task_type`, `model` and `cost`, and a row's place as `at` and `id`."""
+
+    window: Select[Any]
+    latest_success: Select[Any]
+    other_success: Select[Any]
+    deciding: Select[Any]
+    deciding_since: Select[Any]
+
+    @classmethod
+    def build(cls) -> _RuleQueries:
+        table = SQLModel.metadata.tables[ObservationRow.__tablename__]
+        c = table.c
+        of_key = table.select().where(
+            c.task_type == bindparam("task_type"), c.model == bindparam("model"), c.cost_value == bindparam("cost")
+        )
+        newest_first = (c.observed_at.desc(), c.id.desc())
+        at = bindparam("at", type_=c.observed_at.type)
+        place = tuple_(at, bindparam("id"))
+        before = tuple_(c.observed_at, c.id) < place  # a row value: SQLite walks the key's index from the place
+        deciding = of_key.where(or_(c.oom_killed, c.succeeded))
+        return cls(
+            window=of_key.order_by(*newest_first).limit(WINDOW),
+            latest_success=of_key.where(c.succeeded).order_by(*newest_first).limit(1),
+            other_success=of_key.where(c.succeeded, c.run_id != bindparam("run_id"), before)
+            .order_by(*newest_first)
+            .limit(1),
+            deciding=deciding,
+            deciding_since=deciding.where(tuple_(c.observed_at, c.id) >= place),
+        )
 
 
 def _observation(row: ObservationRow | Row[Any]) -> Observation:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +21,7 @@ from simrun_core.key_index import KeyIndex, ReuseSource
 from simrun_core.reuse import (
     KeyInputs,
     ReusePolicy,
+    SnapshotContent,
     link_outputs,
     may_reuse,
     reuse_message,
@@ -86,22 +89,59 @@ def check_request(
             )
 
 
-def snapshot_keys(store: StoreLayout, record: RunRecord) -> list[str]:
-    """The content of each of the run's snapshots as task keys see it (without the workflow file); a snapshot
-    whose listing cannot be read counts by its id."""
-    workflow_text = str(record.workflow.get("text", "")) or None
-    keys = []
-    for snapshot in record.snapshots:
+SNAPSHOTS_KEPT = 256
+"""Snapshots whose content for task keys a tracker keeps in memory, at most."""
+SNAPSHOT_FILES_KEPT = 4_000_000
+"""Files of those snapshots kept in all, at most (8 bytes each: 32 MB); a larger snapshot is read every time."""
+
+
+class SnapshotKeys:
+    """The content of each snapshot as task keys see it (without the workflow file), its listing read once per
+    snapshot: a snapshot never changes, and a sweep's submissions use the same few. Safe across threads."""
+
+    def __init__(self, store: StoreLayout, kept: int = SNAPSHOTS_KEPT, files_kept: int = SNAPSHOT_FILES_KEPT) -> None:
+        self.store = store
+        self._kept = kept
+        self._files_kept = files_kept
+        self._files = 0
+        self._lock = threading.Lock()
+        self._contents: OrderedDict[tuple[str, str], SnapshotContent] = OrderedDict()
+
+    def of(self, record: RunRecord) -> list[str]:
+        """One key per snapshot of `record`; a snapshot whose listing cannot be read counts by its id."""
+        workflow_text = str(record.workflow.get("text", "")) or None
+        keys = []
+        for snapshot in record.snapshots:
+            name = (snapshot.name, snapshot.snapshot_id)
+            with self._lock:
+                content = self._contents.get(name)
+                if content is not None:
+                    self._contents.move_to_end(name)
+            key = content.key(workflow_text) if content is not None else None
+            if key is None:
+                key = self._read(name, workflow_text)
+            keys.append(key)
+        return keys
+
+    def _read(self, name: tuple[str, str], workflow_text: str | None) -> str:
+        """The key from the listing on disk, whose content is kept for the next submission."""
         try:
-            listing = json.loads(store.snapshot_files(snapshot.name, snapshot.snapshot_id).read_text())
-        except (OSError, ValueError):
-            keys.append(snapshot.snapshot_id)
-            continue
-        keys.append(snapshot_key(listing, workflow_text))
-    return keys
+            listing = json.loads(self.store.snapshot_files(*name).read_text())
+            content = SnapshotContent.of(listing)
+        except (OSError, ValueError, TypeError, AttributeError):
+            return name[1]  # not kept: a listing unreadable now may be readable later
+        if content.files <= self._files_kept:
+            with self._lock:
+                if name not in self._contents:
+                    self._contents[name] = content
+                    self._files += content.files
+                self._contents.move_to_end(name)
+                while len(self._contents) > self._kept or self._files > self._files_kept:
+                    self._files -= self._contents.popitem(last=False)[1].files
+        return content.key(workflow_text) or snapshot_key(listing, workflow_text)
 
 
-def keys_of(store: StoreLayout, record: RunRecord, planned: list[PlannedTask]) -> dict[str, str | None]:
+def keys_of(snapshots: SnapshotKeys, record: RunRecord, planned: list[PlannedTask]) -> dict[str, str | None]:
     """Every task's key (None for a task whose type is not cacheable: a nonce stands in for its key downstream,
     so nothing that reads it is reused either)."""
     inputs: dict[str, KeyInputs] = {}
@@ -114,7 +154,7 @@ def keys_of(store: StoreLayout, record: RunRecord, planned: list[PlannedTask]) -
             split=description.split,
         )
     order = [task.task_id for task in planned]
-    snapshot_ids = snapshot_keys(store, record)
+    snapshot_ids = snapshots.of(record)
     keys: dict[str, str | None] = {}
     computed = task_keys(order, _with_nonces(inputs, planned), snapshot_ids, record.environment)
     for task in planned:

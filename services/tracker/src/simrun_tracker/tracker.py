@@ -41,6 +41,7 @@ from simrun_tracker.ports import Environment, EnvironmentPort, EnvironmentState,
 from simrun_tracker.reads import Comparison, RunReader, TaskProgress
 from simrun_tracker.reuse import (
     ReuseRequest,
+    SnapshotKeys,
     apply_reuse,
     caller_identity,
     check_request,
@@ -152,6 +153,7 @@ class RunTracker:
         self.runs = RunStore(store, index_path)
         # Beside the run index (a cache, rebuilt from the records at start).
         self.keys = KeyIndex(store, (index_path or store.index).with_name("task-keys.sqlite"))
+        self.snapshot_keys = SnapshotKeys(store)
         self.reader = RunReader(self.runs, executor)
         self.driver = Driver(
             self.runs,
@@ -292,7 +294,7 @@ class RunTracker:
         return load_record(self.store, run_id)
 
     def _set_keys(self, record: RunRecord, planned: list[PlannedTask]) -> None:
-        for task_id, key in keys_of(self.store, record, planned).items():
+        for task_id, key in keys_of(self.snapshot_keys, record, planned).items():
             record.tasks[task_id].key = key
 
     def _reuse(self, record: RunRecord, run: RunLayout, identity: Identity | RecordIdentity) -> None:
