@@ -258,6 +258,7 @@ def test_a_key_s_observations_kept_in_memory_follow_every_write_of_any_connectio
 )
 @example([(3.0, True, False, "r1", 0)] + [(0.5, False, True, "r1", 1)] * 25)  # the killed run's retries only
 @example([(0.5, False, True, "r2", 0), (3.0, True, False, "r1", 1)] + [(0.5, False, True, "r1", 2)] * 25)
+@example([(3.0, True, False, "r1", 0), (3.0, True, False, "", 1)] + [(0.5, False, True, "", 2)] * 25)
 def test_the_rules_read_from_the_store_answer_as_over_every_observation(
     tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[float, bool, bool, str, int]]
 ) -> None:

@@ -101,9 +101,10 @@ class ObservationStore:
 
     def rule_inputs(self, key: ObservationKey) -> list[Observation]:
         """The observations of a key that the learner's rules read, oldest first: the last `WINDOW`, and the kills
-        and successes since the latest success of a run other than the latest successful one (`rules.oom_floor`
-        lifts every kill before it: of two later successes of different runs, one is of another run). The rules
-        answer over these as over every observation, at a cost that does not grow with the key's history."""
+        and successes since the latest success of a run other than the latest successful one, or since that one
+        if it names no run (`rules.oom_floor` lifts every kill before it: of two later successes of different runs,
+        one is of another run). The rules answer over these as over every observation, at a cost that does not
+        grow with the key's history."""
         return self._cached(("rules", key), lambda: self._read_rule_inputs(key))
 
     def _read_rule_inputs(self, key: ObservationKey) -> list[Observation]:
@@ -112,13 +113,13 @@ class ObservationStore:
             rows = {row.id: row for row in connection.execute(queries.window, of_key)}
             deciding, since = queries.deciding, {}
             latest = connection.execute(queries.latest_success, of_key).first()
-            if latest is not None:
-                other = connection.execute(
-                    queries.other_success,
-                    {**of_key, "run_id": latest.run_id, "at": latest.observed_at, "id": latest.id},
-                ).first()
-                if other is not None:
-                    deciding, since = queries.deciding_since, {"at": other.observed_at, "id": other.id}
+            # A success of no named run lifts every kill before it; else the latest success of another run does.
+            lifting = latest
+            if latest is not None and latest.run_id:
+                place = {"run_id": latest.run_id, "at": latest.observed_at, "id": latest.id}
+                lifting = connection.execute(queries.other_success, {**of_key, **place}).first()
+            if lifting is not None:
+                deciding, since = queries.deciding_since, {"at": lifting.observed_at, "id": lifting.id}
             rows.update((row.id, row) for row in connection.execute(deciding, {**of_key, **since}))
         return [_observation(row) for row in sorted(rows.values(), key=lambda row: (row.observed_at, row.id))]
 
