@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from simrun_core.errors import FailedPrecondition, InvalidArgument
+from simrun_core.paging import encode_key_token
 from simrun_core.resources import ResolutionRule, ResolvedResources
 from simrun_learner import Observation, ObservationKey, ResourceLearner, observations_from_reports, rules
 from simrun_runtime.layout import StoreLayout
@@ -258,6 +260,7 @@ def test_a_key_s_observations_kept_in_memory_follow_every_write_of_any_connectio
 )
 @example([(3.0, True, False, "r1", 0)] + [(0.5, False, True, "r1", 1)] * 25)  # the killed run's retries only
 @example([(0.5, False, True, "r2", 0), (3.0, True, False, "r1", 1)] + [(0.5, False, True, "r1", 2)] * 25)
+@example([(3.0, True, False, "r1", 0), (3.0, True, False, "", 1)] + [(0.5, False, True, "", 2)] * 25)
 def test_the_rules_read_from_the_store_answer_as_over_every_observation(
     tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[float, bool, bool, str, int]]
 ) -> None:
@@ -283,3 +286,23 @@ def test_the_rules_read_from_the_store_answer_as_over_every_observation(
         assert learner.resolve(KEY, HINT) == rules.resolve(every, HINT)
         if rules.median_unit_seconds(every[-rules.WINDOW :]) is not None:
             assert learner.estimate(KEY, 100, 2, 3) == rules.estimate(every, 100, 2, 3)
+
+
+def test_pages_of_observations_follow_the_order_through_ties_in_time(learner: ResourceLearner) -> None:
+    """Keyset pages: each starts after the last row of the one before (its time, then its id), so observations
+    stored at one instant are neither skipped nor repeated, and one stored meanwhile appears in its place."""
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    learner.record_all(Observation(KEY, float(i), observed_at=at + timedelta(seconds=i // 3)) for i in range(7))
+    seen, token = [], ""
+    while True:
+        chunk, token = learner.list_observations(KEY, 2, token)
+        seen += [o.per_worker_gb for o in chunk]
+        if not token:
+            break
+        if len(seen) == 4:
+            learner.record(Observation(KEY, 99.0, observed_at=at + timedelta(hours=1)))
+    assert seen == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 99.0]
+    scope = json.dumps([KEY.task_type, KEY.model, KEY.cost_value])
+    for bad in ("x", encode_key_token(["not a time", "1"], scope), encode_key_token([at.isoformat()], scope)):
+        with pytest.raises(InvalidArgument, match="page_token"):
+            learner.list_observations(KEY, 2, bad)

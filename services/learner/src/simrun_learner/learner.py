@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
-from simrun_core.paging import page
+from simrun_core.errors import InvalidArgument
+from simrun_core.paging import decode_key_token, encode_key_token
+from simrun_core.paging import page_size as page_size_of
 from simrun_core.resources import ResolvedResources
 
 from simrun_learner import rules
@@ -52,8 +55,22 @@ class ResourceLearner:
         self, key: ObservationKey, page_size: int = 0, page_token: str = ""
     ) -> tuple[list[Observation], str]:
         """One page of a key's observations, oldest first, and the token of the next page (empty at the end)."""
+        key.check()
         scope = json.dumps([key.task_type, key.model, key.cost_value])
-        return page(self.observations(key), page_size, page_token, scope, DEFAULT_PAGE_SIZE)
+        after = decode_key_token(page_token, scope)
+        place = None
+        if after is not None:
+            try:
+                at, row_id = after
+                place = (datetime.fromisoformat(at), int(row_id))
+            except ValueError:
+                raise InvalidArgument("bad page_token: pass the next_page_token of the previous page") from None
+        observations, more = self._store.page_of_key(key, page_size_of(page_size, DEFAULT_PAGE_SIZE), place)
+        if not more or not observations:
+            return observations, ""
+        last = observations[-1]
+        assert last.observed_at is not None and last.observation_id is not None  # stored ones have both
+        return observations, encode_key_token([last.observed_at.isoformat(), last.observation_id], scope)
 
     def forget(self, key: ObservationKey) -> int:
         """Forgets every observation of a key (e.g. poisoned ones), so it resolves from the hint again."""

@@ -55,7 +55,7 @@ class ObservationStore:
         # of any other connection, this process's or another's).
         self._watch = sqlite3.connect(path, check_same_thread=False, timeout=30)
         self._watch_lock = threading.Lock()
-        self._rule_queries = _RuleQueries.build()
+        self._rule_queries = _KeyQueries.build()
         self._cache: OrderedDict[tuple[str, ObservationKey], tuple[int, tuple[Observation, ...]]] = OrderedDict()
 
     def add(self, observation: Observation) -> Observation:
@@ -101,9 +101,10 @@ class ObservationStore:
 
     def rule_inputs(self, key: ObservationKey) -> list[Observation]:
         """The observations of a key that the learner's rules read, oldest first: the last `WINDOW`, and the kills
-        and successes since the latest success of a run other than the latest successful one (`rules.oom_floor`
-        lifts every kill before it: of two later successes of different runs, one is of another run). The rules
-        answer over these as over every observation, at a cost that does not grow with the key's history."""
+        and successes since the latest success of a run other than the latest successful one, or since that one
+        if it names no run (`rules.oom_floor` lifts every kill before it: of two later successes of different runs,
+        one is of another run). The rules answer over these as over every observation, at a cost that does not
+        grow with the key's history."""
         return self._cached(("rules", key), lambda: self._read_rule_inputs(key))
 
     def _read_rule_inputs(self, key: ObservationKey) -> list[Observation]:
@@ -112,15 +113,29 @@ class ObservationStore:
             rows = {row.id: row for row in connection.execute(queries.window, of_key)}
             deciding, since = queries.deciding, {}
             latest = connection.execute(queries.latest_success, of_key).first()
-            if latest is not None:
-                other = connection.execute(
-                    queries.other_success,
-                    {**of_key, "run_id": latest.run_id, "at": latest.observed_at, "id": latest.id},
-                ).first()
-                if other is not None:
-                    deciding, since = queries.deciding_since, {"at": other.observed_at, "id": other.id}
+            # A success of no named run lifts every kill before it; else the latest success of another run does.
+            lifting = latest
+            if latest is not None and latest.run_id:
+                place = {"run_id": latest.run_id, "at": latest.observed_at, "id": latest.id}
+                lifting = connection.execute(queries.other_success, {**of_key, **place}).first()
+            if lifting is not None:
+                deciding, since = queries.deciding_since, {"at": lifting.observed_at, "id": lifting.id}
             rows.update((row.id, row) for row in connection.execute(deciding, {**of_key, **since}))
         return [_observation(row) for row in sorted(rows.values(), key=lambda row: (row.observed_at, row.id))]
+
+    def page_of_key(
+        self, key: ObservationKey, size: int, after: tuple[datetime, int] | None
+    ) -> tuple[list[Observation], bool]:
+        """Up to `size` observations of a key, oldest first, after the one stored at `after` (its time and id),
+        and whether more follow: keyset paging through the key's index, so a page costs its rows only."""
+        queries = self._rule_queries
+        values: dict[str, Any] = {"task_type": key.task_type, "model": key.model, "cost": key.cost_value}
+        statement = queries.page
+        if after is not None:
+            statement, values = queries.page_after, {**values, "at": after[0], "id": after[1]}
+        with self._engine.connect() as connection:
+            rows = list(connection.execute(statement.limit(size + 1), values))
+        return [_observation(row) for row in rows[:size]], len(rows) > size
 
     def _read_key(self, key: ObservationKey) -> list[Observation]:
         table = SQLModel.metadata.tables[ObservationRow.__tablename__]
@@ -158,18 +173,20 @@ class ObservationStore:
 
 
 @dataclass(frozen=True)
-class _RuleQueries:
-    """The statements of `ObservationStore.rule_inputs`, built once (building one costs more than running it);
-    each takes the key as `task_type`, `model` and `cost`, and a row's place as `at` and `id`."""
+class _KeyQueries:
+    """The statements of `ObservationStore.rule_inputs` and `page_of_key`, built once (building one costs more
+    than running it); each takes the key as `task_type`, `model` and `cost`, and a row's place as `at` and `id`."""
 
     window: Select[Any]
     latest_success: Select[Any]
     other_success: Select[Any]
     deciding: Select[Any]
     deciding_since: Select[Any]
+    page: Select[Any]
+    page_after: Select[Any]
 
     @classmethod
-    def build(cls) -> _RuleQueries:
+    def build(cls) -> _KeyQueries:
         table = SQLModel.metadata.tables[ObservationRow.__tablename__]
         c = table.c
         of_key = table.select().where(
@@ -188,6 +205,8 @@ class _RuleQueries:
             .limit(1),
             deciding=deciding,
             deciding_since=deciding.where(tuple_(c.observed_at, c.id) >= place),
+            page=of_key.order_by(c.observed_at, c.id),
+            page_after=of_key.where(tuple_(c.observed_at, c.id) > place).order_by(c.observed_at, c.id),
         )
 
 
