@@ -13,6 +13,9 @@ wall time instead. Baselines, measured in the same run:
 The flow grows in time at a constant rate: 100 machines with 2,500 processes over 6 hours, 10,000
 over one day, 40,000 over four days. Goals: the µs per event within 1.5× from the smallest flow to
 the largest, and at least 150,000 events/s on the one-day flow.
+
+The first line names the build measured: ``compiled`` (the C extensions mypyc built at install) or
+``pure`` (the Python source: ``CLUSTER_SIM_PURE=1`` asks for it, to compare the two).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import cluster_sim
 import gymnasium as gym
 from cluster_sim import ClusterSimulator, ProcessFlow, SimulatorConfig, decode_actions, synthetic_process_flow
 from cluster_sim.envs import ClusterEnv, ClusterParallelEnv
@@ -150,6 +154,8 @@ def main() -> None:
     global _clock
     _clock = CLOCKS[args.clock]
 
+    print(f"cluster_sim build: {cluster_sim.BUILD.name} ({cluster_sim.BUILD.detail})")
+    print()
     print(f"Cost per event as the flow grows (100 machines, constant policy; {args.clock} time, "
           f"median of {args.runs}):")  # fmt: skip
     print()

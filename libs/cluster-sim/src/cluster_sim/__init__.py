@@ -1,5 +1,11 @@
-"""A discrete-event cluster simulator: process flows, allocations and the event-driven physics."""
+"""A discrete-event cluster simulator: process flows, allocations and the event-driven physics.
 
+:data:`BUILD` says which build of the hot modules runs: compiled by mypyc when installed, or the
+pure-Python source (where nothing was compiled, or the source changed since; see ``_build``).
+"""
+
+from cluster_sim._build import SELECTED as _SELECTED  # first: it chooses the build before the imports below
+from cluster_sim._build import Build, confirm
 from cluster_sim.allocation import (
     BATCH_ACTIONS,
     ONLINE_ACTIONS,
@@ -28,12 +34,17 @@ from cluster_sim.processes import (
 )
 from cluster_sim.simulator import ClusterSimulator, SimulatorConfig
 
+BUILD: Build = confirm(_SELECTED, __name__)
+"""The build of the simulator in use: ``BUILD.compiled`` (bool), ``BUILD.name`` and ``BUILD.detail``."""
+
 __all__ = [
     "BATCH_ACTIONS",
+    "BUILD",
     "ONLINE_ACTIONS",
     "Allocation",
     "BatchAction",
     "BatchProcess",
+    "Build",
     "ClusterSimulator",
     "CostBreakdown",
     "DemandSample",

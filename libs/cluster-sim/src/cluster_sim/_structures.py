@@ -10,21 +10,51 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, insort
 from collections.abc import Iterator
+from typing import Final
 
 import numpy as np
 
-__all__ = ["TOL", "MachineIndex", "OrderedQueue", "round9"]
+__all__ = ["COMPILED", "TOL", "MachineIndex", "OrderedQueue", "rint", "round9", "search"]
 
-TOL = 1e-9
+TOL: Final = 1e-9
 """Absolute slack for comparisons of sums of cores and memory, which accumulate rounding."""
+
+COMPILED: Final = not __file__.endswith(".py")
+"""Whether this module runs compiled by mypyc. A few searches then take a loop mypyc turns into C
+instead of the :mod:`bisect` function, which is faster only when called from the interpreter; both
+give the same index."""
+
+# round() without leaving floats: for |x| < 2⁵¹, (x + 1.5 × 2⁵²) - 1.5 × 2⁵² is x rounded to an
+# integer, half to even, exactly as round(x) (the sum lies where consecutive floats are 1 apart).
+_ROUNDER: Final = 6755399441055744.0
+_ROUNDABLE: Final = 2251799813685248.0
+
+
+def rint(x: float) -> float:
+    """``float(round(x))`` (half to even), and ``x`` itself when infinite or NaN."""
+    if -_ROUNDABLE < x < _ROUNDABLE:
+        return (x + _ROUNDER) - _ROUNDER
+    if x - x != 0.0:  # infinite (or NaN): rint leaves it as it is
+        return x
+    return float(round(x))
 
 
 def round9(value: float) -> float:
     """``numpy.round(value, 9)`` for one float: ``rint(value × 10⁹) / 10⁹`` (a zero may lose its sign)."""
-    scaled = value * 1e9
-    if scaled - scaled != 0.0:  # infinite (or NaN): rint leaves it as it is
-        return scaled / 1e9
-    return round(scaled) / 1e9
+    return rint(value * 1e9) / 1e9
+
+
+def search(values: list[float], x: float) -> int:
+    """``bisect.bisect_left(values, x)`` for a sorted list of floats, as a loop (see :data:`COMPILED`)."""
+    lo = 0
+    hi = len(values)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if values[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class OrderedQueue:
@@ -38,23 +68,26 @@ class OrderedQueue:
 
     __slots__ = ("_order", "_process_at", "_rank_of", "ranks")
 
-    def __init__(self, order: np.ndarray) -> None:
-        self._order = np.array(order, dtype=np.int64)
-        self._order.flags.writeable = False
-        self._process_at: list[int] = order.tolist()
-        rank = np.empty(order.size, dtype=np.int64)
-        rank[order] = np.arange(order.size)
-        self._rank_of: list[int] = rank.tolist()
+    def __init__(self, order: np.ndarray, tables: tuple[np.ndarray, list[int], list[int]] | None = None) -> None:
+        """An empty queue in the order ``order``; ``tables``, if given, are another queue's of the same order."""
+        if tables is None:
+            fixed = np.array(order, dtype=np.int64)
+            fixed.flags.writeable = False
+            rank = np.empty(order.size, dtype=np.int64)
+            rank[order] = np.arange(order.size)
+            tables = (fixed, order.tolist(), rank.tolist())
+        self._order: np.ndarray = tables[0]
+        self._process_at: list[int] = tables[1]
+        self._rank_of: list[int] = tables[2]
         self.ranks = array("q")
 
     def empty_copy(self) -> OrderedQueue:
         """A new, empty queue in the same order (sharing the order's tables, which never change)."""
-        queue = OrderedQueue.__new__(OrderedQueue)
-        queue._order = self._order
-        queue._process_at = self._process_at
-        queue._rank_of = self._rank_of
-        queue.ranks = array("q")
-        return queue
+        return OrderedQueue(self._order, (self._order, self._process_at, self._rank_of))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Copied and pickled by its state (a compiled class has no __dict__ for the default to copy).
+        return (_restored_queue, (self._order, self._process_at, self._rank_of, self.ranks))
 
     def __len__(self) -> int:
         return len(self.ranks)
@@ -145,13 +178,17 @@ class MachineIndex:
         self.keys = [cpu[j] for j in self._machines] if keys is None else keys
         self._max_memory = None
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Copied and pickled by its state (a compiled class has no __dict__ for the default to copy).
+        return (_restored_index, (self.cpu, self.memory, self._machines, self.keys, self._max_memory))
+
     def set(self, machine: int, cpu: float, memory: float) -> None:
         """Set one machine's free CPU and memory."""
         old_cpu = self.cpu[machine]
         if cpu != old_cpu:  # else its place in the order stays (and its value, were one zero's sign another)
             keys = self.keys
             machines = self._machines
-            k = bisect_left(keys, old_cpu)
+            k = search(keys, old_cpu) if COMPILED else bisect_left(keys, old_cpu)
             while machines[k] != machine:
                 k += 1
             if (k == 0 or keys[k - 1] <= cpu) and (k + 1 == len(keys) or cpu <= keys[k + 1]):
@@ -159,7 +196,7 @@ class MachineIndex:
             else:
                 del keys[k]
                 del machines[k]
-                k = bisect_left(keys, cpu)
+                k = search(keys, cpu) if COMPILED else bisect_left(keys, cpu)
                 keys.insert(k, cpu)
                 machines.insert(k, machine)
             self.cpu[machine] = cpu
@@ -173,7 +210,7 @@ class MachineIndex:
 
     def below(self, cpu: float) -> list[int]:
         """The machines with less than ``cpu`` free CPU (a new list, in no particular order)."""
-        return self._machines[: bisect_left(self.keys, cpu)]
+        return self._machines[: search(self.keys, cpu) if COMPILED else bisect_left(self.keys, cpu)]
 
     @property
     def max_cpu(self) -> float:
@@ -194,7 +231,7 @@ class MachineIndex:
         machines = self._machines
         free_memory = self.memory
         need_memory = memory - TOL
-        k = bisect_left(keys, cpu - TOL)
+        k = search(keys, cpu - TOL) if COMPILED else bisect_left(keys, cpu - TOL)
         count = len(keys)
         while k < count:
             machine = machines[k]
@@ -203,15 +240,16 @@ class MachineIndex:
                 break
         else:
             return -1
-        # round9 inline (a call costs more than the arithmetic): (rint(x × 10⁹) or x × 10⁹ if infinite) / 10⁹.
+        # round9 inline (in the interpreter a call costs more than the arithmetic).
         scaled = (keys[k - 1] - cpu) * 1e9
-        cpu_left = (round(scaled) if scaled - scaled == 0.0 else scaled) / 1e9
+        cpu_left = ((scaled + _ROUNDER) - _ROUNDER if -_ROUNDABLE < scaled < _ROUNDABLE else rint(scaled)) / 1e9
         best = machine
         best_memory_left: float | None = None  # computed at the first tie
         # The CPU left over only grows along the keys; the machines that tie on it follow the first fit.
         while k < count:
             scaled = (keys[k] - cpu) * 1e9
-            if (round(scaled) if scaled - scaled == 0.0 else scaled) / 1e9 != cpu_left:
+            rounded = (scaled + _ROUNDER) - _ROUNDER if -_ROUNDABLE < scaled < _ROUNDABLE else rint(scaled)
+            if rounded / 1e9 != cpu_left:
                 break
             other = machines[k]
             k += 1
@@ -223,3 +261,20 @@ class MachineIndex:
                     best_memory_left = memory_left
                     best = other
         return best
+
+
+def _restored_queue(order: np.ndarray, process_at: list[int], rank_of: list[int], ranks: array[int]) -> OrderedQueue:
+    """An :class:`OrderedQueue` from the state its ``__reduce__`` gives."""
+    queue = OrderedQueue(order, (order, process_at, rank_of))
+    queue.ranks = ranks
+    return queue
+
+
+def _restored_index(
+    cpu: list[float], memory: list[float], machines: list[int], keys: list[float], max_memory: float | None
+) -> MachineIndex:
+    """A :class:`MachineIndex` from the state its ``__reduce__`` gives."""
+    index = MachineIndex([], [])
+    index.rebuild(cpu, memory, machines, keys)
+    index._max_memory = max_memory
+    return index

@@ -116,6 +116,25 @@ class BatchProcess:
         return self.cpu * self.duration
 
 
+class _Derived(dict[str, object]):
+    """A flow's cache of what simulators derive from it: a copy or a pickle of the flow starts it empty.
+
+    What is cached is derived again, exactly, on first use; the compiled simulator's tables cannot be
+    copied or pickled (mypyc's native classes), and need not be.
+    """
+
+    __slots__ = ()
+
+    def __copy__(self) -> _Derived:
+        return _Derived()
+
+    def __deepcopy__(self, memo: dict[int, object]) -> _Derived:
+        return _Derived()
+
+    def __reduce__(self) -> tuple[type[_Derived], tuple[()]]:
+        return (_Derived, ())
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessFlow:
     """Everything that enters the cluster and when; immutable and validated on construction.
@@ -140,7 +159,7 @@ class ProcessFlow:
     _by_name: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
     # What simulators derive from the flow (arrays, sorted orders), kept so each new simulator of the
     # same flow (one per episode) need not derive it again; the flow is immutable, so it never goes stale.
-    _derived: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _derived: dict[str, object] = field(default_factory=lambda: _Derived(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "machines", tuple(self.machines))
@@ -184,7 +203,7 @@ class ProcessFlow:
                 raise ValueError(f"{label}: memory must not be negative, got {process.memory}")
             if process.duration <= 0:
                 raise ValueError(f"{label}: duration must be positive, got {process.duration}")
-            if process.estimate < 0:
+            if process.estimate is not None and process.estimate < 0:  # a float since __post_init__
                 raise ValueError(f"{label}: estimate must not be negative, got {process.estimate}")
             if not np.any((cpu >= process.cpu) & (batch_memory >= process.memory)):
                 raise ValueError(
@@ -293,7 +312,7 @@ def synthetic_process_flow(
     for k in range(1, times.size):
         noise[k] = 0.9 * noise[k - 1] + shocks[k]
     spikes = (rng.random((times.size, machines)) < 0.004) * rng.uniform(0.1, 0.3, (times.size, machines)) * cpu
-    level = base[None, :] + amplitude[None, :] * cycle[:, None] + noise + spikes
+    level: np.ndarray = base[None, :] + amplitude[None, :] * cycle[:, None] + noise + spikes
     level = np.round(np.clip(level, 0.0, cpu), 2)
     demand = tuple(DemandSample(float(t), tuple(row.tolist())) for t, row in zip(times, level, strict=True))
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from heapq import heappop, heappush
+from typing import Any, Final, cast
 
 import numpy as np
 
-from cluster_sim._structures import TOL, MachineIndex, OrderedQueue
+from cluster_sim._structures import COMPILED, TOL, MachineIndex, OrderedQueue
 from cluster_sim.allocation import Allocation, QueueOrder, capped_quota
 from cluster_sim.models import (
     CostBreakdown,
@@ -27,40 +28,40 @@ __all__ = ["ClusterSimulator", "SimulatorConfig"]
 
 # Event priorities: at equal times, completions free resources first, then a delayed allocation
 # takes effect, then demand changes, then releases; one placement pass follows all of them.
-_COMPLETION = 0
-_ALLOCATION = 1
-_DEMAND = 2
-_RELEASE = 3
+_COMPLETION: Final = 0
+_ALLOCATION: Final = 1
+_DEMAND: Final = 2
+_RELEASE: Final = 3
 
-_UNRELEASED = 0
-_QUEUED = 1
-_RUNNING = 2
-_FINISHED = 3
+_UNRELEASED: Final = 0
+_QUEUED: Final = 1
+_RUNNING: Final = 2
+_FINISHED: Final = 3
 
 # Absolute slack for comparisons of sums of cores and memory, which accumulate rounding.
-_TOL = TOL
+_TOL: Final = TOL
 
 # Above this many machines to update at once, numpy's vector operations beat a loop over Python floats.
-_BULK = 16
+_BULK: Final = 16
 
 # ``ndarray.sum`` without its Python wrapper: the same reduction, in the same order.
 _add_reduce = np.add.reduce
 
 # States of the batch CPU in use summed per numpy call.
-_USE_ROWS = 256
+_USE_ROWS: Final = 256
 
 # Above this many integration steps or shortfall segments pending, they are added up (memory stays bounded).
-_SHORTFALL_STEPS = 4096
-_SHORTFALL_SEGMENTS = 256
+_SHORTFALL_STEPS: Final = 4096
+_SHORTFALL_SEGMENTS: Final = 256
 
 # Above this many queued processes, a placement pass filters the queue with numpy first.
-_LONG_QUEUE = 48
+_LONG_QUEUE: Final = 48
 
 # Up to this many machines whose free resources grew, an older process is checked against each first.
-_FEW_GROWN = 4
+_FEW_GROWN: Final = 4
 
 # Quota changes whose size is summed per numpy call.
-_QUOTA_CHANGES = 256
+_QUOTA_CHANGES: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,10 @@ class SimulatorConfig:
             if not limit >= 0:
                 raise ValueError(f"aging_limit must be >= 0 or None, got {self.aging_limit}")
             object.__setattr__(self, "aging_limit", limit)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Copied and pickled by its fields (the default cannot rebuild a compiled class).
+        return (SimulatorConfig, tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +290,10 @@ class ClusterSimulator:
         self._use_steps: list[float] = []  # the seconds of each integration step since the last sum
         self._use_row_first: list[int] = []  # per row in use, the index of its first step in _use_steps
         self._version = [0] * m_count
-        self._scheduled: list[tuple[float, float | None] | None] = [None] * m_count
+        # Per machine, the rate and the earliest target (inf: none running) its completion in the heap
+        # was computed from: a completion is pushed again only when either changes (NaN: none pushed yet).
+        self._scheduled_rate = [math.nan] * m_count
+        self._scheduled_top = [math.inf] * m_count
         self._running: list[list[tuple[float, int]]] = [[] for _ in range(m_count)]
         self._changed: set[int] = set()  # machines whose batch budget or requested CPU changed
         self._all_changed = False  # every machine's budget changed (an allocation): as if all were in _changed
@@ -321,9 +329,11 @@ class ClusterSimulator:
         self._batch_used = 0.0  # core-seconds
         self._events = 0
 
-        # (time, priority, sequence, allocation) or (time, priority, sequence, machine, version) of a
-        # completion; the unique sequence numbers order equal times, so the rest is never compared.
-        self._heap: list[tuple[float, int, int, Allocation] | tuple[float, int, int, int, int]] = []
+        # (time, priority, sequence, machine, version) of a completion, or (time, priority, sequence, 0, 0)
+        # of an allocation (kept in _allocations by its sequence number); the unique sequence numbers
+        # order equal times, so the rest is never compared.
+        self._heap: list[tuple[float, int, int, int, int]] = []
+        self._allocations: dict[int, Allocation] = {}
         self._sequence = n + len(flow.demand)  # the flow's own events come first at equal keys
 
         if initial_allocation is None:
@@ -335,6 +345,13 @@ class ClusterSimulator:
         self._fraction = initial_allocation.admission_fraction
         self._shortfall_segments.append((0, 0, self._quota))
         self._set_budget()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # A run is copied (copy.deepcopy) and pickled mid-way by its attributes; a compiled class has
+        # no __dict__ for the default to copy, so they are named (mypyc lists them in __mypyc_attrs__).
+        names: tuple[str, ...] = getattr(type(self), "__mypyc_attrs__", None) or tuple(vars(self))
+        state = {name: getattr(self, name) for name in names if name not in ("_flow", "_config")}
+        return (_restored_simulator, (self._flow, self._config, state))
 
     # Public API -----------------------------------------------------------------------------
 
@@ -393,22 +410,19 @@ class ClusterSimulator:
             raise ValueError(f"cannot advance to t={time}: the simulator is already at t={self._time}")
         target = min(float(time), self._flow.horizon)
         heap = self._heap
-        heappop = heapq.heappop
         release_time = self._release_time
         release_process = self._release_process
         demand_time = self._demand_time
         warmup = self._config.warmup
-        complete = self._complete
         version = self._version
         changed = self._changed
         touched = self._touched
-        update_rate = self._update_rate
         use_steps = self._use_steps
         use_row_first = self._use_row_first
         # A row of batch CPU in use is copied through memoryviews (cheaper than numpy's item assignment).
         m_count = len(self._use)
-        use_now = memoryview(self._use)
-        use_rows = memoryview(self._use_rows.reshape(-1))
+        use_now = memoryview(cast(Any, self._use))  # numpy's stubs do not declare the buffer protocol
+        use_rows = memoryview(cast(Any, self._use_rows.reshape(-1)))
         shortfall_steps = self._shortfall_steps
         shortfall_segments = self._shortfall_segments
         borrowing = self._config.borrowing
@@ -457,9 +471,9 @@ class ClusterSimulator:
                 if entry[1] == _COMPLETION:
                     j = entry[3]
                     if entry[4] == version[j]:  # else superseded: the machine's rate or next completion changed
-                        complete(j)
+                        self._complete(j)
                 else:
-                    self._apply(entry[3])
+                    self._apply(self._allocations.pop(entry[2]))
             if demand_at == now:
                 next_demand += 1
                 if borrowing:
@@ -509,9 +523,9 @@ class ClusterSimulator:
                     j = changed.pop()
                     if touched:
                         touched.clear()
-                        update_rate(j, True)
+                        self._update_rate(j, True)
                     else:
-                        update_rate(j, False)
+                        self._update_rate(j, False)
                 else:
                     self._update_rates()
             elif self._all_changed:
@@ -534,7 +548,7 @@ class ClusterSimulator:
                     processes[i].name,
                     processes[i].cpu,
                     processes[i].memory,
-                    processes[i].estimate,
+                    cast(float, processes[i].estimate),  # a float since BatchProcess.__post_init__
                     self._time - processes[i].release,
                 )
                 for i in self._queues[self._order].processes(queue_rows)
@@ -639,8 +653,10 @@ class ClusterSimulator:
     # Events ---------------------------------------------------------------------------------
 
     def _push(self, time: float, priority: int, allocation: Allocation) -> None:
-        heapq.heappush(self._heap, (time, priority, self._sequence, allocation))
-        self._sequence += 1
+        sequence = self._sequence
+        self._allocations[sequence] = allocation
+        heappush(self._heap, (time, priority, sequence, 0, 0))
+        self._sequence = sequence + 1
 
     def _set_demand(self, row: int) -> None:
         """Demand sample ``row - 1`` takes effect (``_demand_rows[row]``)."""
@@ -694,12 +710,13 @@ class ClusterSimulator:
             # would alone).
             demand = self._demand_rows[[row for _, row, _ in segments]]
             quota = np.array([quota for _, _, quota in segments])
-            rates = _add_reduce(np.maximum(demand - quota, 0.0), axis=1).tolist()
-            ends = [first for first, _, _ in segments[1:]]
-            ends.append(len(steps))
+            rates: list[float] = _add_reduce(np.maximum(demand - quota, 0.0), axis=1).tolist()
             total = self._shortfall
-            for (first, _, _), end, rate in zip(segments, ends, rates, strict=True):
-                for counted in steps[first:end]:
+            last = len(segments) - 1
+            for k in range(last + 1):
+                rate = rates[k]
+                end = segments[k + 1][0] if k < last else len(steps)
+                for counted in steps[segments[k][0] : end]:
                     total += rate * counted
             self._shortfall = total
             steps.clear()
@@ -716,7 +733,8 @@ class ClusterSimulator:
             old = np.array([before for before, _ in changes])
             new = np.array([after for _, after in changes])
             total = self._quota_change
-            for size in _add_reduce(np.absolute(new - old), axis=1).tolist():
+            sizes: list[float] = _add_reduce(np.absolute(new - old), axis=1).tolist()
+            for size in sizes:
                 total += size
             self._quota_change = total
             changes.clear()
@@ -746,7 +764,7 @@ class ClusterSimulator:
         memory_used = self._memory_used[j]
         finished = 0
         while running and (not finished or running[0][0] <= limit):
-            _, i = heapq.heappop(running)
+            _, i = heappop(running)
             state[i] = _FINISHED
             finish[i] = now
             requested -= p_cpu[i]
@@ -843,7 +861,7 @@ class ClusterSimulator:
                 cpu_array = self._budget_array - self._requested_array
             else:
                 cpu_array = fraction * self._budget_array - self._requested_array
-            new_cpu = cpu_array.tolist()
+            new_cpu: list[float] = cpu_array.tolist()
             # Only the machines whose memory in use changed have another free memory now.
             new_memory = free.memory
             if grew_needed:
@@ -859,7 +877,11 @@ class ClusterSimulator:
                 for j in self._memory_stale:
                     new_memory[j] = batch_memory[j] - memory_used[j]
             order = cpu_array.argsort()
-            free.rebuild(new_cpu, new_memory, order.tolist(), cpu_array[order].tolist())
+            machines: list[int] = order.tolist()
+            # The keys in order: compiled, picked from new_cpu (C reads, no array); interpreted, numpy's
+            # gather is the faster. The same values.
+            keys = [new_cpu[j] for j in machines] if COMPILED else cpu_array[order].tolist()
+            free.rebuild(new_cpu, new_memory, machines, keys)
         else:
             grew = []
             free_cpu = free.cpu
@@ -867,11 +889,11 @@ class ClusterSimulator:
             for j in stale:
                 cpu = fraction * budget[j] - requested[j]
                 memory = batch_memory[j] - memory_used[j]
-                old_cpu = free_cpu[j]
-                old_memory = free_memory[j]
-                if cpu > old_cpu or memory > old_memory:
+                cpu_before = free_cpu[j]
+                memory_before = free_memory[j]
+                if cpu > cpu_before or memory > memory_before:
                     grew.append(j)
-                if cpu != old_cpu or memory != old_memory:
+                if cpu != cpu_before or memory != memory_before:
                     free.set(j, cpu, memory)
         stale.clear()
         self._all_stale = False
@@ -1076,7 +1098,7 @@ class ClusterSimulator:
             self._virtual[j] = virtual
         self._virtual_at[j] = now
         target = virtual + self._p_duration_list[i]
-        heapq.heappush(self._running[j], (target, i))
+        heappush(self._running[j], (target, i))
         self._state[i] = _RUNNING
         self._machine_of[i] = j
         self._start[i] = now
@@ -1147,9 +1169,9 @@ class ClusterSimulator:
             # One machine (a process started or finished there), without the sets; the machines whose
             # running processes changed are among those changed.
             j = changed.pop()
-            touched = bool(self._touched)
+            any_touched = bool(self._touched)
             self._touched.clear()
-            self._update_rate(j, touched)
+            self._update_rate(j, any_touched)
             return
         now = self._time
         rate = self._rate
@@ -1185,7 +1207,9 @@ class ClusterSimulator:
             use = self._use
             requested_now = self._requested
             slowed_machines = self._slowed
-            for j, new_j in zip(moved, new_rates, strict=True):
+            for k in range(len(moved)):
+                j = moved[k]
+                new_j = new_rates[k]
                 # Bring the virtual clock up to now at the old rate before the rate changes.
                 virtual[j] += rate[j] * (now - virtual_at[j])
                 virtual_at[j] = now
@@ -1199,26 +1223,29 @@ class ClusterSimulator:
             touched.update(moved)
         # Only machines whose rate or whose earliest-finishing process changed need a new completion,
         # pushed in machine order (their sequence numbers order equal times).
-        scheduled = self._scheduled
+        scheduled_rate = self._scheduled_rate
+        scheduled_top = self._scheduled_top
         version = self._version
         running_on = self._running
         heap = self._heap
         for j in sorted(touched) if len(touched) > 1 else touched:
             rate_j = rate[j]
             running = running_on[j]
-            top = running[0][0] if running else None
-            key = (rate_j, top)
-            if key == scheduled[j]:
+            top = running[0][0] if running else math.inf
+            if rate_j == scheduled_rate[j] and top == scheduled_top[j]:
                 continue
-            scheduled[j] = key
+            scheduled_rate[j] = rate_j
+            scheduled_top[j] = top
             version_j = version[j] = version[j] + 1
-            if top is not None and rate_j > 0:
+            if running and rate_j > 0:
                 elapsed = now - virtual_at[j]
                 if elapsed > 0:
                     virtual[j] += rate_j * elapsed
                 virtual_at[j] = now
-                finish = float(now + max(float(top - virtual[j]), 0.0) / rate_j)
-                heapq.heappush(heap, (finish, _COMPLETION, self._sequence, j, version_j))
+                left = top - virtual[j]
+                if left < 0.0:  # max(left, 0.0)
+                    left = 0.0
+                heappush(heap, (now + left / rate_j, _COMPLETION, self._sequence, j, version_j))
                 self._sequence += 1
         changed.clear()
         touched.clear()
@@ -1271,14 +1298,14 @@ class ClusterSimulator:
         elif not touched:
             return
         running = self._running[j]
-        top = running[0][0] if running else None
-        key = (rate_j, top)
-        if key == self._scheduled[j]:
+        top = running[0][0] if running else math.inf
+        if rate_j == self._scheduled_rate[j] and top == self._scheduled_top[j]:
             return
-        self._scheduled[j] = key
+        self._scheduled_rate[j] = rate_j
+        self._scheduled_top[j] = top
         version = self._version
         version_j = version[j] = version[j] + 1
-        if top is not None and rate_j > 0:
+        if running and rate_j > 0:
             elapsed = now - virtual_at[j]
             if elapsed > 0:
                 virtual[j] += rate_j * elapsed
@@ -1286,7 +1313,7 @@ class ClusterSimulator:
             left = top - virtual[j]
             if left < 0.0:  # max(left, 0.0)
                 left = 0.0
-            heapq.heappush(self._heap, (now + left / rate_j, _COMPLETION, self._sequence, j, version_j))
+            heappush(self._heap, (now + left / rate_j, _COMPLETION, self._sequence, j, version_j))
             self._sequence += 1
 
     def _integrate(self, time: float) -> None:
@@ -1314,13 +1341,14 @@ class ClusterSimulator:
         first = self._use_row_first
         if first:
             # A row-wise reduction sums each row exactly as ``ndarray.sum`` sums it alone.
-            sums = _add_reduce(self._use_rows[: len(first)], axis=1).tolist()
+            sums: list[float] = _add_reduce(self._use_rows[: len(first)], axis=1).tolist()
             steps = self._use_steps
-            ends = first[1:]
-            ends.append(len(steps))
             used = self._batch_used
-            for rate, start, end in zip(sums, first, ends, strict=True):
-                for elapsed in steps[start:end]:
+            last = len(first) - 1
+            for k in range(last + 1):
+                rate = sums[k]
+                end = first[k + 1] if k < last else len(steps)
+                for elapsed in steps[first[k] : end]:
                     used += rate * elapsed
             self._batch_used = used
             self._batch_use_rate = sums[-1]
@@ -1358,3 +1386,11 @@ class ClusterSimulator:
                 f"the allocation gives {len(allocation.online_quota)} online quota values, "
                 f"but the flow has {count} machine(s)"
             )
+
+
+def _restored_simulator(flow: ProcessFlow, config: SimulatorConfig, state: dict[str, object]) -> ClusterSimulator:
+    """A :class:`ClusterSimulator` from the state its ``__reduce__`` gives."""
+    simulator = ClusterSimulator(flow, config)
+    for name, value in state.items():
+        setattr(simulator, name, value)
+    return simulator
