@@ -55,7 +55,7 @@ class ObservationStore:
         # of any other connection, this process's or another's).
         self._watch = sqlite3.connect(path, check_same_thread=False, timeout=30)
         self._watch_lock = threading.Lock()
-        self._rule_queries = _KeyQueries.build()
+        self._queries = _KeyQueries.build()
         self._cache: OrderedDict[tuple[str, ObservationKey], tuple[int, tuple[Observation, ...]]] = OrderedDict()
 
     def add(self, observation: Observation) -> Observation:
@@ -108,7 +108,7 @@ class ObservationStore:
         return self._cached(("rules", key), lambda: self._read_rule_inputs(key))
 
     def _read_rule_inputs(self, key: ObservationKey) -> list[Observation]:
-        queries, of_key = self._rule_queries, {"task_type": key.task_type, "model": key.model, "cost": key.cost_value}
+        queries, of_key = self._queries, _key_values(key)
         with self._engine.connect() as connection:
             rows = {row.id: row for row in connection.execute(queries.window, of_key)}
             deciding, since = queries.deciding, {}
@@ -128,8 +128,7 @@ class ObservationStore:
     ) -> tuple[list[Observation], bool]:
         """Up to `size` observations of a key, oldest first, after the one stored at `after` (its time and id),
         and whether more follow: keyset paging through the key's index, so a page costs its rows only."""
-        queries = self._rule_queries
-        values: dict[str, Any] = {"task_type": key.task_type, "model": key.model, "cost": key.cost_value}
+        queries, values = self._queries, _key_values(key)
         statement = queries.page
         if after is not None:
             statement, values = queries.page_after, {**values, "at": after[0], "id": after[1]}
@@ -138,15 +137,8 @@ class ObservationStore:
         return [_observation(row) for row in rows[:size]], len(rows) > size
 
     def _read_key(self, key: ObservationKey) -> list[Observation]:
-        table = SQLModel.metadata.tables[ObservationRow.__tablename__]
-        query = (
-            table.select()
-            .where(table.c.task_type == key.task_type, table.c.model == key.model, table.c.cost_value == key.cost_value)
-            .order_by(table.c.observed_at, table.c.id)
-        )
-        # Plain rows, not ORM objects: every submission reads every observation of its tasks' keys.
         with self._engine.connect() as connection:
-            return [_observation(row) for row in connection.execute(query)]
+            return [_observation(row) for row in connection.execute(self._queries.page, _key_values(key))]
 
     def delete_key(self, key: ObservationKey) -> int:
         """Deletes every observation of a key; how many there were."""
@@ -172,10 +164,16 @@ class ObservationStore:
             self._watch.close()
 
 
+def _key_values(key: ObservationKey) -> dict[str, Any]:
+    """The bound values that name a key in the statements of `_KeyQueries`."""
+    return {"task_type": key.task_type, "model": key.model, "cost": key.cost_value}
+
+
 @dataclass(frozen=True)
 class _KeyQueries:
-    """The statements of `ObservationStore.rule_inputs` and `page_of_key`, built once (building one costs more
-    than running it); each takes the key as `task_type`, `model` and `cost`, and a row's place as `at` and `id`."""
+    """The statements that read one key's observations (all, a page, what the rules read), built once (building
+    one costs more than running it); each takes the key as `task_type`, `model` and `cost` (`_key_values`), and a
+    row's place as `at` and `id`."""
 
     window: Select[Any]
     latest_success: Select[Any]
