@@ -279,29 +279,30 @@ def main() -> None:
     args = parser.parse_args()
     if args.only in (None, "list"):
         print("ListRuns, every page of 50:")
-    for size in (int(s) for s in args.sizes.split(",")) if args.only in (None, "list") else ():
-        with tempfile.TemporaryDirectory() as tmp:
-            listing, floor, pages = list_all(Path(tmp), size)
-        print(
-            f"  {size:6d} runs: {listing:6.2f} s for {pages} pages ({listing / pages * 1e3:5.2f} ms a page); "
-            f"GetIdentity x{pages}: {floor:5.2f} s; ratio {listing / floor:5.1f}"
-        )
+        for size in (int(s) for s in args.sizes.split(",")):
+            with tempfile.TemporaryDirectory() as tmp:
+                listing, floor, pages = list_all(Path(tmp), size)
+            print(
+                f"  {size:6d} runs: {listing:6.2f} s for {pages} pages ({listing / pages * 1e3:5.2f} ms a page); "
+                f"GetIdentity x{pages}: {floor:5.2f} s; ratio {listing / floor:5.1f}"
+            )
     if args.only in (None, "submit"):
         print("SubmitRun with the driver on:")
-    for computing in (False, True) if args.only in (None, "submit") else ():
-        print("  the runs' pods computing on the same 2 cores:" if computing else "  the runs queued behind a holder:")
-        for clients in (1, 10):
-            figures = []
-            for _ in range(args.repeats):
-                with tempfile.TemporaryDirectory() as tmp:
-                    figures.append(submit_concurrently(Path(tmp), clients, args.per_client, computing))
-            p50, p99, rate, floor50, floor99 = (statistics.median(f[i] for f in figures) for i in range(5))
-            print(
-                f"    {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms"
-                f"  {rate:6.1f} submissions/s;"
-                f" GetIdentity from as many clients: p50 {floor50 * 1e3:5.1f} ms  p99 {floor99 * 1e3:5.1f} ms;"
-                f" p99 ratio {p99 / floor99:5.1f} (medians of {args.repeats})"
-            )
+        for computing in (False, True):
+            what = "the runs' pods computing on the same 2 cores" if computing else "the runs queued behind a holder"
+            print(f"  {what}:")
+            for clients in (1, 10):
+                figures = []
+                for _ in range(args.repeats):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        figures.append(submit_concurrently(Path(tmp), clients, args.per_client, computing))
+                p50, p99, rate, floor50, floor99 = (statistics.median(f[i] for f in figures) for i in range(5))
+                print(
+                    f"    {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms"
+                    f"  {rate:6.1f} submissions/s;"
+                    f" GetIdentity from as many clients: p50 {floor50 * 1e3:5.1f} ms  p99 {floor99 * 1e3:5.1f} ms;"
+                    f" p99 ratio {p99 / floor99:5.1f} (medians of {args.repeats})"
+                )
     if args.only in (None, "model"):
         print("SubmitRun by the model's size (one client, the driver off):")
         small, large = [], []
@@ -316,9 +317,9 @@ def main() -> None:
         )
     if args.only in (None, "idle"):
         print(f"server CPU over {args.idle_s:.0f} s idle (percent of one core; goal < 2%):")
-    for queued in (0, 1000) if args.only in (None, "idle") else ():
-        with tempfile.TemporaryDirectory() as tmp:
-            print(f"  {queued:5d} queued runs: {idle_with_queue(Path(tmp), queued, args.idle_s):5.2f}%")
+        for queued in (0, 1000):
+            with tempfile.TemporaryDirectory() as tmp:
+                print(f"  {queued:5d} queued runs: {idle_with_queue(Path(tmp), queued, args.idle_s):5.2f}%")
 
 
 if __name__ == "__main__":
