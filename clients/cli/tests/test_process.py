@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from simrun_cli.server import load_nodes
 from simrun_core.errors import InvalidArgument
+from simrun_runtime.confine import landlock_abi
 
 SIMRUN = shutil.which("simrun", path=str(Path(sys.executable).parent)) or "simrun"
 
@@ -219,3 +220,26 @@ def test_the_constants_written_out_for_a_quick_start_match_their_sources() -> No
     from simrun_cli import __version__
 
     assert version("simrun-cli") == __version__
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="pods are confined only where the kernel has Landlock")
+def test_a_store_under_dev_shm_is_refused_in_one_line_while_pods_are_confined(tmp_path: Path) -> None:
+    """Every confined pod (and the describer) gets a /dev/shm of its own, so a store there would look empty to
+    them: the server says so at its start, not as a model that cannot be imported at the first submission."""
+    store = Path("/dev/shm") / f"simrun-test-{os.getpid()}-{tmp_path.name}"
+    try:
+        done = subprocess.run(
+            [SIMRUN, "server", "--address", "127.0.0.1:0", "--store", str(store)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_env(tmp_path / "home"),
+        )
+        assert done.returncode == 1, done.stderr
+        assert done.stderr == (
+            f"Error: the store {store} is under /dev/shm, which every confined pod has a private one of, so pods "
+            "would not see it: put it elsewhere, or set executor.local.confinement: off\n"
+        )
+        assert not store.exists() or not any(store.iterdir())  # nothing recorded there
+    finally:
+        shutil.rmtree(store, ignore_errors=True)

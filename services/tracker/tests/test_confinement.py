@@ -13,7 +13,7 @@ from simrun_core.errors import InvalidArgument
 from simrun_runtime.confine import landlock_abi
 from simrun_runtime.layout import StoreLayout
 from simrun_tracker.guard import Guard, checked_worker, output_bytes
-from simrun_tracker.local.confinement import PodConfinement, PodPaths, pod_environment
+from simrun_tracker.local.confinement import PodConfinement, PodPaths, check_visible_to_pods, pod_environment
 
 SERVER_ENV = {
     "PATH": "/usr/bin:/bin",
@@ -112,3 +112,14 @@ def test_output_beyond_the_limit_fails_the_task(tmp_path: Path) -> None:
     assert Guard(Limits(output_bytes_per_task=1_000_000)).output_failure(task) is None
     message = Guard(Limits(output_bytes_per_task=100_000)).output_failure(task)
     assert message and "more than the 100000 it may (limits.output_bytes_per_task)" in message
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="pods are confined only where the kernel has Landlock")
+def test_folders_under_dev_shm_are_refused_while_pods_are_confined_even_through_a_link(tmp_path: Path) -> None:
+    link = tmp_path / "store"
+    link.symlink_to("/dev/shm")
+    for folder in (Path("/dev/shm"), Path("/dev/shm/a/store"), link / "x"):
+        with pytest.raises(InvalidArgument, match=r"^the store .* is under /dev/shm.*confinement: off$"):
+            check_visible_to_pods("auto", {"the store": folder})
+        check_visible_to_pods("off", {"the store": folder})  # unconfined pods share the server's /dev/shm
+    check_visible_to_pods("landlock", {"the store": tmp_path / "store-elsewhere", "environments": Path("/dev/shmx")})

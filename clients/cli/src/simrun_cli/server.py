@@ -135,8 +135,11 @@ def server(store: Path | None, address: str | None, config_file: Path | None, no
     """Serve simrun on this machine: every service in this process on one port, until Ctrl-C."""
     from simrun_core.homelock import HomeLock
     from simrun_gateway.embedded import EmbeddedServer, serve  # here: the other commands need no services
+    from simrun_tracker.server import check_pod_folders
 
     config = server_config(config_file, store, address, nodes)
+    if not config.services.tracker:
+        check_pod_folders(config)  # before anything is made there
     prepare_folders(config)
     # A second server on the same home most often also has the same address: say the home and the first's pid
     # (the lock itself is taken when the server starts).

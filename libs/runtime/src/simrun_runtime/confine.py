@@ -54,8 +54,8 @@ _MS_BIND = 4096
 _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _KEEP_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
-_SHARED_MEMORY = "/dev/shm"
-_LEFT_WRITABLE = ("/proc", _SHARED_MEMORY)
+SHARED_MEMORY = "/dev/shm"
+_LEFT_WRITABLE = ("/proc", SHARED_MEMORY)
 """Mounts the read-only view keeps as they are: /proc (Landlock already refuses writes there) and /dev/shm (a
 private tmpfs replaces it)."""
 
@@ -320,8 +320,8 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
             raise ConfineError(f"mounting {target} writable: {os.strerror(ctypes.get_errno())}")
     # A /dev/shm of the pod's own: the shared one let a pod read and change another run's shared memory
     # (multiprocessing's, a library's tensors). Its pages count in the pod's memory cgroup.
-    if os.path.isdir(_SHARED_MEMORY) and mount("tmpfs", _SHARED_MEMORY, _MS_NOSUID | _MS_NODEV, "tmpfs", "mode=1777"):
-        raise ConfineError(f"mounting a private {_SHARED_MEMORY}: {os.strerror(ctypes.get_errno())}")
+    if os.path.isdir(SHARED_MEMORY) and mount("tmpfs", SHARED_MEMORY, _MS_NOSUID | _MS_NODEV, "tmpfs", "mode=1777"):
+        raise ConfineError(f"mounting a private {SHARED_MEMORY}: {os.strerror(ctypes.get_errno())}")
 
 
 def _mounts() -> list[tuple[str, set[str]]]:

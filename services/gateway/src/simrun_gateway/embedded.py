@@ -34,7 +34,7 @@ from simrun_planner import PlanError
 from simrun_planner.servicer import PlannerService
 from simrun_runtime.layout import StoreLayout
 from simrun_snapshot.server import register as register_snapshots
-from simrun_tracker.server import build_tracker
+from simrun_tracker.server import build_tracker, check_pod_folders
 from simrun_tracker.servicer import RunTrackerServicer
 from simrun_tracker.tracker import RunTracker
 
@@ -101,6 +101,8 @@ def start_embedded(
         FailedPrecondition: another server uses the home or the store.
     """
     check_transport(config.address, config.tls, config.insecure)
+    if not config.services.tracker:
+        check_pod_folders(config)
     private_dir(config.home, config.share_group)
     store = StoreLayout(config.store)
     private_dir(store.root, config.share_group)

@@ -15,7 +15,7 @@ from simrun_core.telemetry import process_telemetry
 from simrun_learner.learner import ResourceLearner
 from simrun_runtime.layout import StoreLayout
 
-from simrun_tracker.server import TELEMETRY_NAME, build_tracker, create_server
+from simrun_tracker.server import TELEMETRY_NAME, build_tracker, check_pod_folders, create_server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"simrun-tracker: error: {exc}\n")
     store = StoreLayout(config.store)
     try:
+        check_pod_folders(config)
         private_dir(store.root, config.share_group)
         lock = HomeLock(store.root, names=("store",))  # one tracker per store: two would drive the same runs
     except SimrunError as exc:

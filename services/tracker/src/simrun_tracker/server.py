@@ -19,7 +19,7 @@ from simrun_tracker.executor import Executor, PodSpec
 from simrun_tracker.guard import Guard
 from simrun_tracker.learning import GrpcLearner, InProcessLearner
 from simrun_tracker.local import LocalExecutor
-from simrun_tracker.local.confinement import PodConfinement
+from simrun_tracker.local.confinement import PodConfinement, check_visible_to_pods
 from simrun_tracker.local.executor import Launcher
 from simrun_tracker.ports import LearnerPort, LocalInterpreters, ServerEnvironments
 from simrun_tracker.servicer import RunTrackerServicer
@@ -64,6 +64,16 @@ def build_environments(
             config.services.envbuilder, store, config.service_token, tls=config.tls, telemetry=telemetry
         )
     return InProcessEnvironments(EnvironmentBuilder(settings_from_config(config)), owned=True)
+
+
+def check_pod_folders(config: ServerConfig) -> None:
+    """Refuses, before a server makes anything, a store or environments folder its confined pods would not see.
+
+    Raises:
+        InvalidArgument: such a folder (`check_visible_to_pods`).
+    """
+    folders = {"the store": config.store, "the environments folder": settings_from_config(config).root}
+    check_visible_to_pods(config.executor.local.confinement, folders)
 
 
 def build_tracker(

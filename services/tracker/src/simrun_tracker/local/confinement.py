@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from simrun_runtime.confine import LAUNCHER, landlock_abi
+from simrun_core.errors import InvalidArgument
+from simrun_runtime.confine import LAUNCHER, SHARED_MEMORY, landlock_abi
 from simrun_runtime.layout import StoreLayout
 
 log = logging.getLogger(__name__)
@@ -143,3 +144,22 @@ class PodConfinement:
         for path in paths.write:
             launcher += ["--write", str(path)]
         return [*launcher, "--", *command]
+
+
+def check_visible_to_pods(mode: ConfinementMode | str, folders: Mapping[str, Path]) -> None:
+    """Refuses a folder that confined pods would not see: each of them (and the describer) gets a /dev/shm of its
+    own, so a store or environments under /dev/shm would look empty to them, found out only at a first submission
+    as a model that cannot be imported.
+
+    Raises:
+        InvalidArgument: a folder of `folders` (what it is, its path) is /dev/shm or under it while pods are
+            confined.
+    """
+    if ConfinementMode(mode) is ConfinementMode.OFF or landlock_abi() < 1:
+        return
+    for what, path in folders.items():
+        if path.resolve().is_relative_to(SHARED_MEMORY):
+            raise InvalidArgument(
+                f"{what} {path} is under {SHARED_MEMORY}, which every confined pod has a private one of, so pods "
+                "would not see it: put it elsewhere, or set executor.local.confinement: off"
+            )
