@@ -152,6 +152,25 @@ class Writer(UnsplitTaskType):
             for _ in range(settings.mib):
                 f.write(os.urandom(1 << 20))
         return {"mib": settings.mib}
+
+
+class ShoutSettings(TaskSettings):
+    evade: bool = False
+
+
+class Shouter(UnsplitTaskType):
+    """Prints without end; with `evade`, first moves its log aside, so the path no longer names what it fills."""
+
+    Settings = ShoutSettings
+
+    def run(self, settings: ShoutSettings, context: ExecContext) -> dict[str, Any]:
+        if settings.evade:
+            task_dir = Path(os.environ["SIMRUN_RUN_DIR"]) / "tasks" / os.environ["SIMRUN_TASK"]
+            for log in (task_dir / "logs").glob("*.log"):
+                os.rename(log, log.with_name(log.name + ".moved"))
+        line = "x" * 1023 + "\\n"
+        while True:
+            os.write(1, line.encode() * 64)
 '''
 
 FORGED_REPORTS = '''

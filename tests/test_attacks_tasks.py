@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,6 +196,29 @@ def test_a_task_past_its_output_bound_fails_with_a_message(machine: Machine, att
     run = wait_final(agent, agent.submit(workflow).run_id)
     assert run.state == common_pb2.RUN_STATE_FAILED
     assert "more than the 1048576 it may (limits.output_bytes_per_task)" in run.message
+
+
+@pytest.mark.parametrize("evade", [False, True])
+def test_a_pod_printing_without_end_is_killed_and_its_log_cut_back(
+    machine: Machine, attacker_model: Path, evade: bool
+) -> None:
+    """A pod's log is bounded: past `log_bytes_per_pod` the pod dies, its task fails saying why (not retried), and
+    the log holds the bound and simrun's own lines; moving the log aside does not hide what the pod prints."""
+    server = machine.start(executor={"local": {"log_bytes_per_pod": 1 << 20}})
+    agent = machine.client(server, "agent")
+    text = f"name: s\ntasks:\n  s:\n    type: e2etasks.attacks:Shouter\n    settings: {{evade: {str(evade).lower()}}}\n"
+    submitted = agent.submit(write_workflow(attacker_model, text))
+    followed = "".join(chunk.lines for chunk in agent.logs(submitted.run_id, "s", follow=True, timeout_s=120))
+    run = wait_final(agent, submitted.run_id)
+    assert run.state == common_pb2.RUN_STATE_FAILED
+    assert "printed more than the 1048576 bytes a pod may (executor.local.log_bytes_per_pod)" in run.message
+    logs = machine.home / "store" / "runs" / run.run_id / "tasks" / "s" / "logs"
+    sizes = {p.name: p.stat().st_size for p in logs.iterdir()}
+    assert len(sizes) == 1 + evade, sizes  # one attempt only: not retried
+    assert all(size < (1 << 20) + 4096 for size in sizes.values()), sizes
+    # Followed while it grew, the log ends with simrun's word on it, on a line of its own.
+    if not evade:
+        assert re.search(r"\n=== simrun: attempt 1 exited with [^\n]*printed more than [^\n]* ===\n$", followed)
 
 
 def test_an_agent_cannot_reserve_the_only_node(machine: Machine, owner_model: Path) -> None:

@@ -149,6 +149,12 @@ class LocalExecutorConfig(BaseModel):
     pod_variables: list[str] = Field(
         default_factory=list, description="More of the server's environment variables that reach pods."
     )
+    log_bytes_per_pod: int = Field(
+        default=1 << 30,
+        ge=1,
+        description="Bytes an attempt of a pod may print (stdout and stderr, its log); past it the pod is killed, "
+        "its log cut back to this, and its task fails with a message.",
+    )
 
     @field_validator("nodes")
     @classmethod

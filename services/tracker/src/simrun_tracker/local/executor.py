@@ -92,6 +92,13 @@ class _Pod:
     watchdog_bytes: int | None = None
     """The anonymous memory the watchdog saw when it killed the pod."""
     claim: str | None = None
+    log_fd: int | None = None
+    """The executor's own descriptor of the attempt's log: its size is read through it, not through the path,
+    which the pod (its task folder is its own) may rename or replace while it writes on."""
+    log_start: int = 0
+    """The log's size when the attempt began: its bound counts what this attempt printed."""
+    log_over: int | None = None
+    """What the attempt had printed when it was killed for printing more than its bound."""
 
 
 class LocalExecutor:
@@ -111,6 +118,8 @@ class LocalExecutor:
         poll_s: seconds between two passes of the scheduler.
         confinement: how pods are confined (`PodConfinement`); None for Landlock where the kernel has it.
         pod_variables: more of the server's environment variables that reach pods (the allow-list's extension).
+        log_bytes: what an attempt of a pod may print; past it, checked with the memory watchdog's samples, the
+            pod is killed, its log cut back to the bound and it fails (not retried) with a message.
     """
 
     ordering = TaskOrdering.DRIVER
@@ -124,6 +133,7 @@ class LocalExecutor:
         poll_s: float = 0.1,
         confinement: PodConfinement | None = None,
         pod_variables: list[str] | None = None,
+        log_bytes: int = 1 << 30,
     ) -> None:
         self._nodes = list(nodes) if nodes is not None else default_nodes()
         if not self._nodes:
@@ -136,6 +146,7 @@ class LocalExecutor:
         self._launcher = launcher
         self._confinement = confinement or PodConfinement()
         self._pod_variables = list(pod_variables or [])
+        self._log_bytes = log_bytes
         self._scratch_root = Path(tempfile.mkdtemp(prefix=f"simrun-scratch-{self.executor_id}-"))
         self._listeners: list[ChangeListener] = []
         self._history: dict[tuple[str, str, str], PodHistory] = {}
@@ -180,6 +191,7 @@ class LocalExecutor:
             poll_s=config.poll_s,
             confinement=PodConfinement(config.confinement),
             pod_variables=config.pod_variables,
+            log_bytes=config.log_bytes_per_pod,
         )
 
     @property
@@ -376,6 +388,7 @@ class LocalExecutor:
         if now >= self._next_watchdog:
             self._next_watchdog = now + WATCHDOG_INTERVAL_S
             self._watchdog()
+            self._bound_logs()
         if self._closed:
             return
         if self._admission_due:
@@ -498,6 +511,7 @@ class LocalExecutor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
+                pod.log_fd, pod.log_start = os.dup(log.fileno()), log.tell()
                 self._running[spec.pod_id] = pod
         except (OSError, ValueError, subprocess.SubprocessError, FailedPrecondition) as exc:
             # A pod that cannot be started fails rather than staying "running" with no process.
@@ -536,6 +550,33 @@ class LocalExecutor:
                 pod.watchdog_bytes = anon
                 _signal_group(pgid, signal.SIGKILL)
 
+    def _bound_logs(self) -> None:
+        """Kills the pods whose attempt printed more than the bound (their exit fails them, `_exited`)."""
+        for pod in self._running.values():
+            if pod.process is None or pod.log_fd is None or pod.log_over is not None:
+                continue
+            printed = os.fstat(pod.log_fd).st_size - pod.log_start
+            if printed > self._log_bytes:
+                pod.log_over = printed
+                _signal_group(pod.process.pid, signal.SIGKILL)
+
+    def _close_log(self, pod: _Pod) -> int | None:
+        """Closes the executor's descriptor of the attempt's log; cuts the log back to its bound first if the pod
+        was killed for printing past it. Returns what the attempt had printed then, or None."""
+        over, pod.log_over = pod.log_over, None
+        if pod.log_fd is None:
+            return over
+        try:
+            if over is not None:
+                os.ftruncate(pod.log_fd, pod.log_start + self._log_bytes)
+                os.pwrite(pod.log_fd, b"\n", pod.log_start + self._log_bytes)  # simrun's line starts a line
+        except OSError:
+            logger.exception("cutting back the log of pod %s", pod.spec.pod_id)
+        finally:
+            os.close(pod.log_fd)
+            pod.log_fd = None
+        return over
+
     def _exited(self, pod: _Pod, returncode: int) -> None:
         """Records an exit and decides what follows, as Argo's retry strategy and Kueue's requeueing would."""
         assert pod.process is not None
@@ -559,6 +600,7 @@ class LocalExecutor:
         _signal_group(pod.process.pid, signal.SIGKILL)
         if pod.cgroup is not None:
             pod.cgroup.remove()
+        printed = self._close_log(pod)
         self._remove_scratch(pod)
         pod.process = None
         self._running.pop(pod.spec.pod_id, None)
@@ -567,7 +609,15 @@ class LocalExecutor:
         pod.watchdog_bytes = None
         sigkilled = code == SIGKILL_EXIT and stopping is None
 
-        if code == 0:
+        if printed is not None:
+            self._final(
+                pod,
+                PodPhase.FAILED,
+                f"printed more than the {self._log_bytes} bytes a pod may (executor.local.log_bytes_per_pod), "
+                f"{printed} when it was killed; its log is cut back to them: print less, write results as outputs",
+                described,
+            )
+        elif code == 0:
             self._final(pod, PodPhase.SUCCEEDED, "", described)
         elif stopping == STOPPED:
             self._final(pod, PodPhase.FAILED, STOPPED, described)
