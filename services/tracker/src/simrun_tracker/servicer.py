@@ -70,9 +70,10 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
             request.run_id, request.task_id, request.worker, request.follow, identity, context.is_active
         )
         for pod, lines in logs:
-            if not context.is_active():
-                return
-            yield tracker_pb2.StreamLogsResponse(pod=pod, lines=lines)
+            for piece in _pieces(lines, LOG_MESSAGE_CHARS):
+                if not context.is_active():
+                    return
+                yield tracker_pb2.StreamLogsResponse(pod=pod, lines=piece)
 
     def CompareRuns(
         self, request: tracker_pb2.CompareRunsRequest, context: grpc.ServicerContext
@@ -117,3 +118,18 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
             if not context.is_active():
                 return
             yield convert.output_chunk_message(piece)
+
+
+LOG_MESSAGE_CHARS = 1 << 18
+"""The most characters of log lines in one StreamLogs message (at most 1 MiB in UTF-8): a whole archive or a burst
+of a followed log would pass what a client takes in one message (gRPC's default 4 MiB, simrun's client 64 MiB)."""
+
+
+def _pieces(text: str, size: int) -> Iterator[str]:
+    """`text` in pieces of at most `size` characters, each ending at a line's end where one is within it."""
+    while len(text) > size:
+        cut = text.rfind("\n", 0, size) + 1 or size
+        yield text[:cut]
+        text = text[cut:]
+    if text:
+        yield text

@@ -64,6 +64,9 @@ STOPPED = "stopped"
 LOG_POLL_S = 0.25
 """Seconds between two reads of a followed pod log."""
 
+LOG_READ_BYTES = 1 << 20
+"""The most of a pod log read at once; a line longer than this is sent in pieces of it."""
+
 Launcher = Callable[[PodSpec], list[str]]
 """How this machine runs a pod: its command line, from the pod's role and environment (a local concern)."""
 # `sh -c` puts the pod into its cgroup before the command is exec'd, so no byte of user code runs outside of it.
@@ -274,16 +277,27 @@ class LocalExecutor:
                 except (UnsafePath, OSError):
                     continue
                 with os.fdopen(fd, "rb") as f:
-                    f.seek(offsets.get(name, 0))
-                    data = f.read()
-                path = task.logs / name
-                cut = data.rfind(b"\n") + 1
-                if cut:
-                    offsets[path.name] = offsets.get(path.name, 0) + cut
-                    yield path.name, data[:cut].decode(errors="replace")
+                    offset = offsets.get(name, 0)
+                    if os.fstat(f.fileno()).st_size < offset:  # cut back past what was read: go on from the cut
+                        offset = self._log_cut(run_id, task_id, name)
+                    while True:  # in bounded reads: a pod may have printed a gigabyte since the last one
+                        f.seek(offset)
+                        data = f.read(LOG_READ_BYTES)
+                        cut = data.rfind(b"\n") + 1 or (len(data) if len(data) == LOG_READ_BYTES else 0)
+                        if not cut:  # nothing, or the start of a line still being printed
+                            break
+                        offset = offsets[name] = offset + cut
+                        yield name, data[:cut].decode(errors="replace")
             if not live:
                 return
             time.sleep(LOG_POLL_S)
+
+    def _log_cut(self, run_id: str, task_id: str, name: str) -> int:
+        """Where the log `name` of a task was cut back (`_close_log`): what simrun wrote after it follows."""
+        for pod in self._pods_of(run_id):
+            if pod.spec.task_id == task_id and f"{pod.spec.worker}.log" == name:
+                return pod.log_start + self._log_bytes
+        return 0
 
     def _pods_of(self, run_id: str) -> list[_Pod]:
         with self._lock:
@@ -502,6 +516,7 @@ class LocalExecutor:
                     f"cores {spec.cores}, {self._confinement.describe()}, {_now()} ===\n".encode()
                 )
                 log.flush()
+                pod.log_fd, pod.log_start = os.dup(log.fileno()), log.tell()
                 pod.process = subprocess.Popen(
                     command,
                     cwd=run.root,
@@ -511,13 +526,13 @@ class LocalExecutor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-                pod.log_fd, pod.log_start = os.dup(log.fileno()), log.tell()
                 self._running[spec.pod_id] = pod
         except (OSError, ValueError, subprocess.SubprocessError, FailedPrecondition) as exc:
             # A pod that cannot be started fails rather than staying "running" with no process.
             if pod.cgroup is not None:
                 pod.cgroup.remove()
                 pod.cgroup = None
+            self._close_log(pod)
             self._remove_scratch(pod)
             self._final(pod, PodPhase.FAILED, f"cannot start: {exc}")
 
