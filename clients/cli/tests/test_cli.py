@@ -315,7 +315,8 @@ def loaded(names: set[str], *packages: str) -> set[str]:
 
 def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result, str], server) -> None:
     """Each command as a process imports what it calls and draws: `--version` no grpc, a read no server side, no
-    pydantic (it is for configs), no OpenTelemetry unless a variable asks for spans, rich only to draw a table."""
+    pydantic (it is for configs), no OpenTelemetry unless a variable asks for spans, rich only to draw a table, and
+    grpcio only for a stream (`logs`) or spans: unary calls go on the client's own HTTP/2 connection."""
     _, run_id = watched
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMRUN_", "OTEL_"))}
     env |= {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": server.token}
@@ -329,25 +330,29 @@ def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result,
 
     status, out = imported_by(["status", run_id], env)
     assert f"run {run_id}  succeeded" in out and "summaries" in out
-    assert {"grpc", "simrun.v1.tracker_pb2", "rich.table"} <= status
+    assert {"simrun_client.unary", "simrun.v1.tracker_pb2", "rich.table"} <= status
     # Progress bars are for --watch, the JSON printer for --json, the gateway's messages for whoami.
-    assert not loaded(status, *never, "rich.progress", "google.protobuf.json_format", "simrun.v1.gateway_pb2")
+    never_unary = (*never, "grpc", "simrun.v1.tracker_pb2_grpc")
+    assert not loaded(status, *never_unary, "rich.progress", "google.protobuf.json_format", "simrun.v1.gateway_pb2")
 
     as_json, out = imported_by(["status", run_id, "--json"], env)
     assert json.loads(out)["run_id"] == run_id
-    assert not loaded(as_json, *never, "rich"), sorted(loaded(as_json, "rich"))
+    assert not loaded(as_json, *never_unary, "rich"), sorted(loaded(as_json, "grpc", "rich"))
 
-    for args in (["whoami"], ["logs", run_id, "report"], ["list", "--json"], ["outputs", run_id, "--json"]):
+    for args in (["whoami"], ["list", "--json"], ["outputs", run_id, "--json"]):
         names, out = imported_by(args, env)
         assert out.strip(), args
-        assert not loaded(names, *never, "rich"), (args, sorted(loaded(names, *never, "rich")))
+        assert not loaded(names, *never_unary, "rich"), (args, sorted(loaded(names, *never_unary, "rich")))
+    logs, out = imported_by(["logs", run_id, "report"], env)
+    assert out.strip() and "grpc" in logs and not loaded(logs, *never, "rich"), sorted(loaded(logs, *never, "rich"))
     for args in (["list"], ["outputs", run_id]):
         names, _ = imported_by(args, env)
-        assert not loaded(names, *never, "rich.progress"), (args, sorted(loaded(names, *never, "rich.progress")))
+        assert not loaded(names, *never_unary, "rich.progress"), (args, sorted(loaded(names, *never_unary)))
 
-    # Where a variable asks for spans, the command records them (on stderr here): OpenTelemetry is loaded then.
+    # Where a variable asks for spans, the command records them (on stderr here): OpenTelemetry is loaded then,
+    # and the calls go through grpcio's channel, which the spans instrument.
     traced, _ = imported_by(["whoami"], {**env, "OTEL_TRACES_EXPORTER": "console"})
-    assert "opentelemetry.sdk.trace" in traced and "simrun_core.telemetry" in traced
+    assert {"opentelemetry.sdk.trace", "simrun_core.telemetry", "grpc"} <= traced
 
 
 def test_text_from_a_run_is_drawn_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:

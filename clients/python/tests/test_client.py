@@ -15,7 +15,7 @@ from e2e_support import EXAMPLE, git_repo
 from simrun.v1 import common_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, git_toplevel, run_state
 from simrun_core.config import EnvironmentsConfig, ServerConfig
-from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated, Unavailable
+from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, SimrunError, Unauthenticated, Unavailable
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 
 SLOW_WORKFLOW = """\
@@ -233,3 +233,33 @@ def test_run_state_names() -> None:
 
 def test_git_toplevel_of_a_file_in_a_subfolder(model_repo: Path) -> None:
     assert git_toplevel(model_repo / "montecarlo" / "tasks.py") == model_repo.resolve()
+
+
+def test_quick_start_reads_what_grpcio_reads(
+    server: Served, client: Client, pi_run: common_pb2.Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's own connection (`quick_start`) against the real simrun: each read answers as grpcio's channel
+    does, and each refusal is the same error in the same words; only a stream opens grpcio's channel."""
+    # This process serves simrun too, so OpenTelemetry is loaded here and a client would trace its calls through
+    # grpcio; the CLI's process, which this stands for, has not loaded it.
+    monkeypatch.setattr("simrun_core.telemetry_env.may_record", lambda env=None: False)
+    with Client(server.endpoint, server.token, quick_start=True) as quick:
+        assert quick._unary is not None
+        assert quick.identity() == client.identity()
+        assert quick.get_run(pi_run.run_id) == client.get_run(pi_run.run_id)
+        assert quick.list_runs(group="client-tests", page_size=1) == client.list_runs(group="client-tests")
+        assert quick.compare(run_ids=[pi_run.run_id]) == client.compare(run_ids=[pi_run.run_id])
+        assert quick.nodes() == client.nodes()
+        assert quick.outputs(pi_run.run_id) == client.outputs(pi_run.run_id)
+        for failing in (lambda c: c.get_run("no-such-run"), lambda c: c.cancel(pi_run.run_id)):
+            errors = []
+            for each in (quick, client):
+                with pytest.raises(SimrunError) as caught:
+                    failing(each)
+                errors.append((type(caught.value), str(caught.value)))
+            assert errors[0] == errors[1]
+        assert quick._grpc_channel is None
+        assert list(quick.watch(pi_run.run_id))[-1].run.state == common_pb2.RUN_STATE_SUCCEEDED
+        assert quick._grpc_channel is not None
+    with Client(server.endpoint, "not-a-token", quick_start=True) as stranger, pytest.raises(Unauthenticated):
+        stranger.identity()

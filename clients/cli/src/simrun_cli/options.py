@@ -106,7 +106,7 @@ def with_client(command: F) -> F:
 
         check_token(token)
         if not may_record():
-            with Client(endpoint, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key) as client:
+            with Client(endpoint, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, quick_start=True) as client:
                 return command(*args, client=client, **kwargs)
         from simrun_core.telemetry import process_telemetry
 

@@ -6,13 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import grpc
 from simrun_core.errors import InvalidArgument
-from simrun_core.rpc import channel as rpc_channel
-from simrun_core.rpc.errors import to_domain_error
 from simrun_core.telemetry_env import may_record
 
 if TYPE_CHECKING:
+    import grpc
     from simrun_core.telemetry import Telemetry
 
 R = TypeVar("R")
@@ -45,6 +43,10 @@ def open_channel(
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ]
+    # grpcio is imported here, not with the module: a client that makes its unary calls without it
+    # (`simrun_client.unary`) reads this module's bounds and never opens a channel.
+    from simrun_core.rpc import channel as rpc_channel
+
     credentials = channel_credentials(tls_ca, tls_cert, tls_key) if tls_ca is not None else None
     if telemetry is None and may_record():
         from simrun_core.telemetry import process_telemetry
@@ -68,6 +70,8 @@ def channel_credentials(ca: Path, cert: Path | None = None, key: Path | None = N
         except OSError as exc:
             raise InvalidArgument(f"{what}: cannot read {path}: {exc.strerror}") from None
 
+    import grpc
+
     if (cert is None) != (key is None):
         raise InvalidArgument("a client certificate needs its key: give both --tls-cert and --tls-key")
     return grpc.ssl_channel_credentials(
@@ -79,6 +83,9 @@ def channel_credentials(ca: Path, cert: Path | None = None, key: Path | None = N
 
 def call(method: Callable[..., R], request: Any, **kwargs: Any) -> R:
     """Calls a stub method; a failed call raises the typed domain error (`NotFound`, `InvalidArgument`, …)."""
+    import grpc
+    from simrun_core.rpc.errors import to_domain_error
+
     try:
         return method(request, **kwargs)
     except grpc.RpcError as exc:

@@ -6,26 +6,31 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import grpc
-
-# Only the tracker's messages and stub, which the reading commands call: the other services' modules (and
+# Only the tracker's messages, which the reading commands call: grpcio and the other services' modules (and
 # OpenTelemetry, pydantic, subprocess) are imported by the methods that need them, so `simrun status` starts sooner.
-from simrun.v1 import common_pb2, tracker_pb2, tracker_pb2_grpc
+from simrun.v1 import common_pb2, tracker_pb2
 from simrun_core.errors import InvalidArgument, SimrunError, Unauthenticated, Unavailable
 from simrun_core.home import DEFAULT_ENDPOINT, client_token, simrun_home
-from simrun_core.rpc.errors import to_domain_error
 
-from simrun_client.channel import SERVICE_NAME, open_channel
+from simrun_client import unary
+from simrun_client.channel import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
-    from simrun.v1 import gateway_pb2_grpc
+    import grpc
+    from google.protobuf.message import Message
+    from simrun.v1 import tracker_pb2_grpc
     from simrun_core.telemetry import Telemetry
 
     from simrun_client.snapshots import SnapshotResult
 
-T = TypeVar("T")
+M = TypeVar("M", bound="Message")
+
+TRACKER = "/simrun.v1.RunTrackerService/"
+GATEWAY = "/simrun.v1.GatewayService/"
+LEARNER = "/simrun.v1.ResourceLearnerService/"
+"""The paths of the services' methods, before the method's name."""
 
 FINAL_RUN_STATES = frozenset(
     {common_pb2.RUN_STATE_SUCCEEDED, common_pb2.RUN_STATE_FAILED, common_pb2.RUN_STATE_CANCELLED}
@@ -102,6 +107,10 @@ class Client:
         telemetry: where the client's spans go; by default the client's own, from the OpenTelemetry variables
             (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_TRACES_EXPORTER`; service name `simrun-client`), made when first
             needed: a client whose calls nothing traces does not load OpenTelemetry.
+        quick_start: make unary calls on a plaintext HTTP/2 connection of the client's own
+            (`simrun_client.unary`) instead of grpcio's channel, where the two reach the server alike (plaintext,
+            a `host:port` endpoint, no proxy, nothing traced): a process that makes a few calls and ends then does
+            not load grpcio (the CLI). Streams and uploads still go through grpcio's channel, opened when needed.
     """
 
     def __init__(
@@ -114,18 +123,23 @@ class Client:
         tls_cert: Path | None = None,
         tls_key: Path | None = None,
         telemetry: Telemetry | None = None,
+        quick_start: bool = False,
     ) -> None:
+        from simrun_core.telemetry_env import may_record
+
         self.endpoint = endpoint or DEFAULT_ENDPOINT
         self.token = client_token(token)
         self.timeout_s = timeout_s
-        tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
+        self._tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
+        self._tls_cert, self._tls_key = tls_cert, tls_key
         self._telemetry = telemetry
-        # The channel sends the token as `authorization: Bearer …` on every call, uploads included.
-        self._channel = open_channel(
-            self.endpoint, self.token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, telemetry=telemetry
-        )
-        self._tracker = tracker_pb2_grpc.RunTrackerServiceStub(self._channel)
-        self._gateway_stub: gateway_pb2_grpc.GatewayServiceStub | None = None
+        self._grpc_channel: grpc.Channel | None = None
+        self._tracker_stub: tracker_pb2_grpc.RunTrackerServiceStub | None = None
+        self._unary: unary.UnaryConnection | None = None
+        plain = self._tls_ca is None and telemetry is None and not may_record()
+        if quick_start and plain and unary.usable(self.endpoint):
+            metadata = [("authorization", f"Bearer {self.token}")] if self.token else []
+            self._unary = unary.UnaryConnection(self.endpoint, metadata, MAX_MESSAGE_BYTES)
 
     @property
     def telemetry(self) -> Telemetry:
@@ -133,16 +147,19 @@ class Client:
         if self._telemetry is None:
             from simrun_core.telemetry import process_telemetry
 
+            from simrun_client.channel import SERVICE_NAME
+
             self._telemetry = process_telemetry(SERVICE_NAME)
         return self._telemetry
 
     @property
-    def _gateway(self) -> gateway_pb2_grpc.GatewayServiceStub:
-        if self._gateway_stub is None:
-            from simrun.v1 import gateway_pb2_grpc
+    def _tracker(self) -> tracker_pb2_grpc.RunTrackerServiceStub:
+        """The tracker's stub on grpcio's channel, for its streams."""
+        if self._tracker_stub is None:
+            from simrun.v1 import tracker_pb2_grpc
 
-            self._gateway_stub = gateway_pb2_grpc.GatewayServiceStub(self._channel)
-        return self._gateway_stub
+            self._tracker_stub = tracker_pb2_grpc.RunTrackerServiceStub(self.channel)
+        return self._tracker_stub
 
     def __enter__(self) -> Client:
         return self
@@ -153,18 +170,34 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        self._channel.close()
+        if self._unary is not None:
+            self._unary.close()
+        if self._grpc_channel is not None:
+            self._grpc_channel.close()
 
     @property
     def channel(self) -> grpc.Channel:
-        """The channel to the gateway, for stubs of services this client has no method for."""
-        return self._channel
+        """grpcio's channel to the gateway (opened at first use), for streams, uploads and stubs of services this
+        client has no method for. It sends the token as `authorization: Bearer …` on every call."""
+        if self._grpc_channel is None:
+            from simrun_client.channel import open_channel
+
+            self._grpc_channel = open_channel(
+                self.endpoint,
+                self.token,
+                tls_ca=self._tls_ca,
+                tls_cert=self._tls_cert,
+                tls_key=self._tls_key,
+                telemetry=self._telemetry,
+            )
+        return self._grpc_channel
 
     def identity(self) -> common_pb2.Identity:
         """Who the token belongs to and at which priority its runs go."""
         from simrun.v1 import gateway_pb2
 
-        return self._call(self._gateway.GetIdentity, gateway_pb2.GetIdentityRequest()).identity
+        request = gateway_pb2.GetIdentityRequest()
+        return self._call(GATEWAY + "GetIdentity", request, gateway_pb2.GetIdentityResponse).identity
 
     def snapshot(self, tree: str | Path, *, name: str | None = None, store: str | Path | None = None) -> SnapshotResult:
         """Snapshots a git working tree: into `store` when it is mounted here, else by uploading what simrun lacks.
@@ -183,7 +216,7 @@ class Client:
         try:
             if store is not None:
                 return snapshot_to_store(tree, Path(store), name=name)
-            return upload_snapshot(tree, self._channel, name=name, timeout_s=self.timeout_s)
+            return upload_snapshot(tree, self.channel, name=name, timeout_s=self.timeout_s)
         except SimrunError as exc:
             raise self._explain(exc, self.timeout_s) from None
 
@@ -232,7 +265,7 @@ class Client:
                 rerun=list(rerun),
                 request_id=request_id or "",
             )
-            run = self._call(self._tracker.SubmitRun, request).run
+            run = self._call(TRACKER + "SubmitRun", request, tracker_pb2.SubmitRunResponse).run
             span.set_attribute("simrun.run_id", run.run_id)
             return run
 
@@ -259,7 +292,7 @@ class Client:
                 resume_from_run_id=resume_from or "",
                 rerun=list(rerun),
             )
-            return self._call(self._tracker.EstimateRun, request)
+            return self._call(TRACKER + "EstimateRun", request, tracker_pb2.EstimateRunResponse)
 
     def resume(
         self,
@@ -296,13 +329,13 @@ class Client:
                 resume_from_run_id=run_id,
                 rerun=list(rerun),
             )
-            run = self._call(self._tracker.SubmitRun, request).run
+            run = self._call(TRACKER + "SubmitRun", request, tracker_pb2.SubmitRunResponse).run
             span.set_attribute("simrun.run_id", run.run_id)
             return run
 
     def get_run(self, run_id: str) -> common_pb2.Run:
         """The run `run_id` now."""
-        return self._call(self._tracker.GetRun, tracker_pb2.GetRunRequest(run_id=run_id)).run
+        return self._call(TRACKER + "GetRun", tracker_pb2.GetRunRequest(run_id=run_id), tracker_pb2.GetRunResponse).run
 
     def list_runs(
         self,
@@ -327,7 +360,7 @@ class Client:
         )
         runs: list[common_pb2.Run] = []
         while True:
-            response = self._call(self._tracker.ListRuns, request)
+            response = self._call(TRACKER + "ListRuns", request, tracker_pb2.ListRunsResponse)
             runs.extend(response.runs)
             if not response.next_page_token:
                 return runs
@@ -353,11 +386,13 @@ class Client:
             page_size=page_size,
             page_token=page_token or "",
         )
-        return self._call(self._tracker.ListRuns, request)
+        return self._call(TRACKER + "ListRuns", request, tracker_pb2.ListRunsResponse)
 
     def cancel(self, run_id: str) -> common_pb2.Run:
         """Cancels a run and stops its pods; returns the run."""
-        return self._call(self._tracker.CancelRun, tracker_pb2.CancelRunRequest(run_id=run_id)).run
+        return self._call(
+            TRACKER + "CancelRun", tracker_pb2.CancelRunRequest(run_id=run_id), tracker_pb2.CancelRunResponse
+        ).run
 
     def watch(self, run_id: str, timeout_s: float | None = None) -> Iterator[tracker_pb2.WatchRunResponse]:
         """The run and its tasks' progress whenever they change, until it ends or `timeout_s` seconds pass.
@@ -404,14 +439,14 @@ class Client:
     def compare(self, run_ids: list[str] | None = None, group: str | None = None) -> tracker_pb2.CompareRunsResponse:
         """The summary values of runs (or of a group's runs) side by side: one row per task and summary key."""
         request = tracker_pb2.CompareRunsRequest(run_ids=list(run_ids or ()), group=group or "")
-        return self._call(self._tracker.CompareRuns, request)
+        return self._call(TRACKER + "CompareRuns", request, tracker_pb2.CompareRunsResponse)
 
     def nodes(self) -> list[common_pb2.Node]:
         """The executor's nodes with their reservations."""
         request = tracker_pb2.ListNodesRequest()
         nodes: list[common_pb2.Node] = []
         while True:
-            response = self._call(self._tracker.ListNodes, request)
+            response = self._call(TRACKER + "ListNodes", request, tracker_pb2.ListNodesResponse)
             nodes.extend(response.nodes)
             if not response.next_page_token:
                 return nodes
@@ -419,14 +454,13 @@ class Client:
 
     def observations(self, task_type: str, model: str, cost_value: str = "") -> list[common_pb2.Observation]:
         """Every observation the learner holds of a key, oldest first (the owner only)."""
-        from simrun.v1 import learner_pb2, learner_pb2_grpc
+        from simrun.v1 import learner_pb2
 
         key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
         request = learner_pb2.ListObservationsRequest(key=key)
-        stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
         found: list[common_pb2.Observation] = []
         while True:
-            response = self._call(stub.ListObservations, request)
+            response = self._call(LEARNER + "ListObservations", request, learner_pb2.ListObservationsResponse)
             found.extend(response.observations)
             if not response.next_page_token:
                 return found
@@ -434,11 +468,11 @@ class Client:
 
     def forget_observations(self, task_type: str, model: str, cost_value: str = "") -> int:
         """Deletes every observation of a key, so it resolves from its type's hint again (the owner only)."""
-        from simrun.v1 import learner_pb2, learner_pb2_grpc
+        from simrun.v1 import learner_pb2
 
         key = common_pb2.ObservationKey(task_type=task_type, model=model, cost_value=cost_value)
-        stub = learner_pb2_grpc.ResourceLearnerServiceStub(self._channel)
-        return self._call(stub.DeleteObservations, learner_pb2.DeleteObservationsRequest(key=key)).deleted_count
+        request = learner_pb2.DeleteObservationsRequest(key=key)
+        return self._call(LEARNER + "DeleteObservations", request, learner_pb2.DeleteObservationsResponse).deleted_count
 
     def outputs(
         self, run_id: str, task_id: str | None = None, port: str | None = None, page_size: int = 0
@@ -449,7 +483,7 @@ class Client:
         )
         files: list[tracker_pb2.OutputFile] = []
         while True:
-            response = self._call(self._tracker.ListOutputs, request)
+            response = self._call(TRACKER + "ListOutputs", request, tracker_pb2.ListOutputsResponse)
             files.extend(response.files)
             if not response.next_page_token:
                 return files
@@ -521,9 +555,21 @@ class Client:
         snapshots += [snapshot_to_proto(self.snapshot(lib, store=store).snapshot) for lib in library_trees(root)]
         return text, snapshots
 
-    def _call(self, method: Callable[..., T], request: Any) -> T:
+    def _call(self, path: str, request: Message, response_type: type[M]) -> M:
+        """Calls the unary method `path`: on the client's own connection with `quick_start`, else on grpcio's."""
+        if self._unary is not None:
+            try:
+                return self._unary.call(path, request, response_type, self.timeout_s)
+            except SimrunError as exc:
+                raise self._explain(exc, self.timeout_s) from None
+        import grpc
+        from simrun_core.rpc.errors import to_domain_error
+
+        method = self.channel.unary_unary(
+            path, request_serializer=type(request).SerializeToString, response_deserializer=response_type.FromString
+        )
         try:
-            return method(request, timeout=self.timeout_s)
+            return cast(M, method(request, timeout=self.timeout_s))
         except grpc.RpcError as exc:
             raise self._explain(to_domain_error(exc), self.timeout_s) from None
 
@@ -531,6 +577,9 @@ class Client:
         self, method: Callable[..., Any], request: Any, *, timeout_s: float | None = None, until: bool = False
     ) -> Iterator[Any]:
         """The stream's messages; with `until`, reaching `timeout_s` ends the stream instead of failing it."""
+        import grpc
+        from simrun_core.rpc.errors import to_domain_error
+
         call = method(request, timeout=timeout_s)
         try:
             yield from call

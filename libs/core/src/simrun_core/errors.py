@@ -75,3 +75,12 @@ ERRORS_BY_CODE_NAME: dict[str, type[SimrunError]] = {
         ResourceExhausted,
     )
 }
+
+
+def error_for_status(code_name: str, details: str) -> SimrunError:
+    """The domain error a failed call's status code (`NOT_FOUND`, …) stands for, with the server's words.
+
+    A call past its deadline is `Unavailable`, like a server that cannot be reached: trying again may succeed.
+    """
+    kind = "UNAVAILABLE" if code_name == "DEADLINE_EXCEEDED" else code_name
+    return ERRORS_BY_CODE_NAME.get(kind, SimrunError)(details or code_name)

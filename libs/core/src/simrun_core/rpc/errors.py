@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from simrun_core.errors import ERRORS_BY_CODE_NAME, SimrunError
+from simrun_core.errors import SimrunError, error_for_status
 
 log = logging.getLogger(__name__)
 
@@ -20,11 +20,7 @@ def status_code(error: SimrunError) -> grpc.StatusCode:
 def to_domain_error(error: grpc.RpcError) -> SimrunError:
     """Turns a failed call into the typed domain error its status code stands for."""
     code: grpc.StatusCode = error.code()  # type: ignore[attr-defined]
-    details = error.details() or code.name  # type: ignore[attr-defined]
-    cls = ERRORS_BY_CODE_NAME.get(code.name, SimrunError)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        cls = ERRORS_BY_CODE_NAME["UNAVAILABLE"]
-    return cls(details)
+    return error_for_status(code.name, error.details() or "")  # type: ignore[attr-defined]
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
