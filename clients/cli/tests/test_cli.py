@@ -330,10 +330,10 @@ def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result,
 
     status, out = imported_by(["status", run_id], env)
     assert f"run {run_id}  succeeded" in out and "summaries" in out
-    assert {"simrun_client.unary", "simrun.v1.tracker_pb2", "rich.table"} <= status
-    # Progress bars are for --watch, the JSON printer for --json, the gateway's messages for whoami.
+    assert {"simrun_client.unary", "simrun.v1.tracker_pb2", "simrun_cli.run_view"} <= status
+    # rich is for the other tables and --watch, the JSON printer for --json, the gateway's messages for whoami.
     never_unary = (*never, "grpc", "simrun.v1.tracker_pb2_grpc")
-    assert not loaded(status, *never_unary, "rich.progress", "google.protobuf.json_format", "simrun.v1.gateway_pb2")
+    assert not loaded(status, *never_unary, "rich", "google.protobuf.json_format", "simrun.v1.gateway_pb2")
 
     as_json, out = imported_by(["status", run_id, "--json"], env)
     assert json.loads(out)["run_id"] == run_id
@@ -356,17 +356,22 @@ def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result,
 
 
 def test_text_from_a_run_is_drawn_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
-    """A summary value or a task name is printed as written: no rich markup or emoji code in it takes effect."""
+    """A summary value, its key or a task's name is printed as written: no rich markup or emoji code in it takes
+    effect in `simrun compare`, and no escape sequence a task chose reaches the terminal from it or `simrun status`."""
     from simrun.v1 import common_pb2, tracker_pb2
-    from simrun_cli import render
+    from simrun_cli import render, run_view
 
-    comparison = tracker_pb2.CompareRunsResponse(
-        run_ids=["r1"], rows=[tracker_pb2.ComparisonRow(task_id="[bold]t[/bold]", key="k", values=['"[red]on :fire:"'])]
+    attack = "\x1b]52;c;aGk=\x07\x1b[2J\x9b31m"
+    row = tracker_pb2.ComparisonRow(
+        task_id="[bold]t[/bold]", key=f"k{attack}", values=[json.dumps(f"[red]on :fire:{attack}")]
     )
-    run = common_pb2.Run(run_id="r1", tasks=[common_pb2.Task(task_id="a:smile:b", type="m.tasks:[i]T[/i]")])
-    out = render.console()
-    out.print(render.summaries_table(comparison))
-    out.print(render.tasks_table(run))
+    comparison = tracker_pb2.CompareRunsResponse(run_ids=["r1"], rows=[row])
+    task = common_pb2.Task(task_id="a:smile:b", type="m.tasks:[i]T[/i]", message=attack)
+    run = common_pb2.Run(run_id="r1", tasks=[task], message=attack, state=common_pb2.RUN_STATE_FAILED)
+    render.console().print(render.comparison_table(comparison))
+    run_view.show(run, comparison)
     printed = capsys.readouterr().out
     assert "[bold]t[/bold]" in printed and "[red]on :fire:" in printed, printed
     assert "a:smile:b" in printed and "m.tasks:[i]T[/i]" in printed, printed
+    assert not any(c in printed for c in "\x1b\x07\x9b"), printed
+    assert printed.count("\\x1b]52;c;aGk=\\x07") == 6, printed  # key and value twice, run and task messages

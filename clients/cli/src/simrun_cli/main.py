@@ -223,7 +223,7 @@ def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
     if as_json:
         plain.echo_json(with_output_paths(client, run))
         return
-    _show_run(client, run, render.console())
+    _show_run(client, run)
 
 
 @cli.command("list")
@@ -501,7 +501,7 @@ def _follow(client: Client, run_id: str, out: Console | None, as_json: bool) -> 
     if as_json or out is None:
         plain.echo_json(run)
     else:
-        _show_run(client, run, out)
+        _show_run(client, run)
     if run.state != common_pb2.RUN_STATE_SUCCEEDED:
         reason = f": {run.message}" if run.message else ""
         failed = [task.task_id for task in run.tasks if task.state == common_pb2.TASK_STATE_FAILED]
@@ -533,11 +533,9 @@ def envs(as_json: bool, client: Client) -> None:
         render.console().print(render.environments_table(found))
 
 
-def _show_run(client: Client, run: common_pb2.Run, out: Console) -> None:
-    out.print(render.run_header(run))
-    if run.tasks:
-        out.print(render.tasks_table(run))
-    for message in render.task_messages(run):
-        out.print(message)
-    if run.state == common_pb2.RUN_STATE_SUCCEEDED:
-        out.print(render.summaries_table(client.compare(run_ids=[run.run_id])))
+def _show_run(client: Client, run: common_pb2.Run) -> None:
+    """Prints the run as `simrun status` shows it, with its summaries once it succeeded."""
+    from simrun_cli import run_view
+
+    succeeded = run.state == common_pb2.RUN_STATE_SUCCEEDED
+    run_view.show(run, client.compare(run_ids=[run.run_id]) if succeeded else None)

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from simrun.v1 import common_pb2
 from simrun_core.text import printable
 
 from simrun_cli.plain import run_state, size, task_state, when, who
+from simrun_cli.run_view import summary_value
 
 if TYPE_CHECKING:
     from simrun.v1 import tracker_pb2
@@ -61,86 +61,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def run_header(run: common_pb2.Run) -> Group:
-    """The run's id, state, group, submitter, times, model and message."""
-    lines = [
-        Text.assemble(("run ", "bold"), (run.run_id, "bold"), "  ", styled(run_state(run.state))),
-        Text(f"group {run.group or 'default'}, submitted by {who(run.identity) or '?'} at {when(run.create_time)}"),
-    ]
-    if run.HasField("end_time"):
-        lines.append(Text(f"ended at {when(run.end_time)}"))
-    if run.snapshots:
-        model = run.snapshots[0]
-        source = model.provenance
-        origin = ", ".join(
-            part
-            for part in (
-                f"branch {source.branch}" if source.branch else "",
-                f"commit {source.commit[:10]}" if source.commit else "",
-                _count(len(source.changed_files), "changed file") if source.dirty else "",
-            )
-            if part
-        )
-        lines.append(Text(f"model {model.name} {model.snapshot_id[:12]}" + (f" ({origin})" if origin else "")))
-    if run.environment:
-        lines.append(Text(f"environment {run.environment}"))
-    if run.reservation:
-        lines.append(Text(f"reserves node {run.reservation}"))
-    if run.trace_id:
-        lines.append(Text(f"trace {run.trace_id}", style="dim"))
-    if run.message:
-        style = "red" if run.state == common_pb2.RUN_STATE_FAILED else "yellow"
-        lines.append(Text(printable(run.message), style=style))
-    return Group(*lines)
-
-
-def tasks_table(run: common_pb2.Run) -> Table:
-    """One row per task: its type, state, a progress bar of its units, its pods."""
-    from rich.progress_bar import ProgressBar
-
-    table = Table(box=None, pad_edge=False)
-    table.add_column("task", no_wrap=True)
-    table.add_column("type", overflow="fold")
-    table.add_column("state", no_wrap=True)
-    table.add_column("progress", width=20)
-    table.add_column("units", justify="right")
-    table.add_column("pods", justify="right")
-    for task in run.tasks:
-        state = task_state(task.state)
-        units = task.units if task.HasField("units") else None
-        total, done = _units(units, task.units_done, state)
-        table.add_row(
-            task.task_id,
-            task.type,
-            styled(state),
-            ProgressBar(total=total, completed=done, width=20),
-            f"{task.units_done}/{units}" if units is not None else "-",
-            str(task.plan.pods) if task.plan.pods else "",
-        )
-    return table
-
-
-def task_messages(run: common_pb2.Run) -> Iterator[Text]:
-    for task in run.tasks:
-        if task.HasField("reused_from"):
-            source = task.reused_from
-            what = f"{source.units} units" if source.HasField("units") else "outputs"
-            yield Text(f"{task.task_id}: {what} reused from run {source.run_id} task {source.task_id}", style="green")
-        elif task.message:
-            yield Text(f"{task.task_id}: {printable(task.message)}", style="red")
-
-
-def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> Table:
-    """One run's task summaries: task, key, value."""
-    table = Table(box=None, pad_edge=False, title="summaries", title_justify="left", title_style="bold")
-    table.add_column("task", no_wrap=True)
-    table.add_column("key", no_wrap=True)
-    table.add_column("value")
-    for row in comparison.rows:
-        table.add_row(row.task_id, row.key, _value(row.values[0] if row.values else ""))
-    return table
-
-
 def comparison_table(
     comparison: tracker_pb2.CompareRunsResponse, settings: Sequence[tuple[str, str, Sequence[str]]] = ()
 ) -> Table:
@@ -150,28 +70,14 @@ def comparison_table(
     table.add_column("key", no_wrap=True)
     for run_id in comparison.run_ids:
         table.add_column(run_id, no_wrap=True, justify="right")
+    # A task chose its summaries' keys and values: an escape sequence in one must not drive the reader's terminal.
     for task_id, key, values in settings:
-        table.add_row(task_id, f"settings.{key}", *(_value(v) for v in values), style="dim")
+        table.add_row(task_id, printable(f"settings.{key}"), *(summary_value(v) for v in values), style="dim")
     if settings:
         table.add_section()
     for row in comparison.rows:
-        table.add_row(row.task_id, row.key, *(_value(v) for v in row.values))
+        table.add_row(printable(row.task_id), printable(row.key), *(summary_value(v) for v in row.values))
     return table
-
-
-def _value(text: str) -> str:
-    """A summary value (JSON) for people: numbers compact, strings unquoted, a missing value as `-`."""
-    if not text:
-        return "-"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
 
 
 def runs_table(runs: Iterable[common_pb2.Run]) -> Table:
