@@ -6,6 +6,7 @@ large message, a slow answer, a status with words to decode, the metadata it rec
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ from concurrent import futures
 
 import grpc
 import pytest
+from hpack import Encoder
 from simrun.v1 import common_pb2, tracker_pb2
 from simrun_client import unary
 from simrun_client.client import Client
@@ -261,3 +263,169 @@ def test_a_client_with_quick_start_answers_as_with_grpcio(served: int, untraced:
         with Client(endpoint, "t", quick_start=True, timeout_s=0.3) as stuck, pytest.raises(Unavailable) as late:
             stuck.get_run("x")
         assert str(late.value) == f"simrun at {endpoint} did not answer within 0.3 s; it may be overloaded: try again"
+
+
+class Peer:
+    """A raw HTTP/2 server on loopback that answers each connection by `answer(peer, connection_number)`, for
+    what grpcio's server never sends (padding, a GOAWAY or a refusal before the call, a broken frame)."""
+
+    def __init__(self, answer: Callable[[Peer, int], None]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.answer = answer
+        self.sock: socket.socket | None = None
+        self.buffer = b""
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        for number in range(1, 4):
+            try:
+                self.sock, _ = self.listener.accept()
+            except OSError:
+                return
+            self.buffer = b""
+            self.encoder = Encoder()
+            try:
+                assert self._read(len(unary.PREFACE)) == unary.PREFACE
+                self.answer(self, number)
+            except (EOFError, OSError):
+                pass
+            finally:
+                self.sock.close()
+
+    def _read(self, size: int) -> bytes:
+        assert self.sock is not None
+        while len(self.buffer) < size:
+            piece = self.sock.recv(65_536)
+            if not piece:
+                raise EOFError
+            self.buffer += piece
+        taken, self.buffer = self.buffer[:size], self.buffer[size:]
+        return taken
+
+    def read_request(self) -> int:
+        """Reads frames up to the request's last DATA frame; the request's stream."""
+        while True:
+            head = self._read(9)
+            self._read(int.from_bytes(head[:3], "big"))
+            if head[3] == unary.DATA and head[4] & unary.END_STREAM:
+                return int.from_bytes(head[5:9], "big")
+
+    def send(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        assert self.sock is not None
+        self.sock.sendall(len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload)
+
+    def answer_ok(self, stream: int, message: bytes, *, padded: bool = False) -> None:
+        """Headers (with a priority), the message (padded if asked), then OK trailers."""
+        headers = self.encoder.encode([(":status", "200"), ("content-type", "application/grpc")])
+        self.send(unary.HEADERS, unary.END_HEADERS | unary.PRIORITY, stream, b"\0\0\0\0\x10" + headers)
+        body = b"\0" + len(message).to_bytes(4, "big") + message
+        if padded:
+            self.send(unary.DATA, unary.PADDED, stream, b"\x07" + body + b"\0" * 7)
+        else:
+            self.send(unary.DATA, 0, stream, body)
+        self.send(
+            unary.HEADERS, unary.END_HEADERS | unary.END_STREAM, stream, self.encoder.encode([("grpc-status", "0")])
+        )
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _run_message(run_id: str) -> bytes:
+    return tracker_pb2.GetRunResponse(run=common_pb2.Run(run_id=run_id)).SerializeToString()
+
+
+def test_a_call_the_server_did_not_take_is_sent_again_on_a_new_connection(
+    connect: Callable[..., UnaryConnection],
+) -> None:
+    """A GOAWAY below the call's stream, or a REFUSED_STREAM, says the server never took it: sent once more."""
+
+    def goaway_first(peer: Peer, number: int) -> None:
+        stream = peer.read_request()
+        if number == 1:
+            peer.send(unary.GOAWAY, 0, 0, (0).to_bytes(4, "big") + (0).to_bytes(4, "big"))
+            time.sleep(0.5)
+        else:
+            peer.answer_ok(stream, _run_message(f"taken on connection {number}"))
+            time.sleep(0.5)
+
+    def refused_first(peer: Peer, number: int) -> None:
+        stream = peer.read_request()
+        if number == 1:
+            peer.send(unary.RST_STREAM, 0, stream, unary.REFUSED_STREAM.to_bytes(4, "big"))
+            time.sleep(0.5)
+        else:
+            peer.answer_ok(stream, _run_message(f"taken on connection {number}"), padded=True)
+            time.sleep(0.5)
+
+    for answer in (goaway_first, refused_first):
+        peer = Peer(answer)
+        try:
+            assert get_run(connect(peer.port), "x").run_id == "taken on connection 2"
+        finally:
+            peer.close()
+
+
+def test_a_peer_breaking_http2_is_an_error_not_a_hang(connect: Callable[..., UnaryConnection]) -> None:
+    def tiny_frames(peer: Peer, number: int) -> None:
+        peer.send(unary.SETTINGS, 0, 0, unary.MAX_FRAME_SIZE.to_bytes(2, "big") + (0).to_bytes(4, "big"))
+        peer.read_request()
+        time.sleep(1)
+
+    def bad_padding(peer: Peer, number: int) -> None:
+        stream = peer.read_request()
+        peer.send(unary.DATA, unary.PADDED, stream, b"\xff" + b"\0" * 10)
+        time.sleep(1)
+
+    def not_a_message(peer: Peer, number: int) -> None:
+        peer.answer_ok(peer.read_request(), b"\xff\xff\xff")
+        time.sleep(1)
+
+    cases = [
+        (tiny_frames, "broke HTTP/2: a largest frame of 0 bytes"),
+        (bad_padding, "broke HTTP/2: padding longer than its frame"),
+        (not_a_message, "^Exception deserializing response!$"),
+    ]
+    for answer, words in cases:
+        peer = Peer(answer)
+        try:
+            with pytest.raises(SimrunError, match=words):
+                get_run(connect(peer.port), "x", timeout_s=5)
+        finally:
+            peer.close()
+
+
+def test_a_compressed_answer_is_read(connect: Callable[..., UnaryConnection]) -> None:
+    """grpcio's server compresses where it is told to, whatever the client asked: gzip and deflate are read."""
+    for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), compression=compression)
+        handler = grpc.unary_unary_rpc_method_handler(
+            _get_run,
+            request_deserializer=tracker_pb2.GetRunRequest.FromString,
+            response_serializer=tracker_pb2.GetRunResponse.SerializeToString,
+        )
+        server.add_generic_rpc_handlers(
+            [grpc.method_handlers_generic_handler("simrun.v1.RunTrackerService", {"GetRun": handler})]
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            assert get_run(connect(port), "big:300000").message == "x" * 300_000
+        finally:
+            server.stop(None)
+
+
+def test_a_socket_numbered_past_1024_is_used_alike(served: int, connect: Callable[..., UnaryConnection]) -> None:
+    """A process holding many files (past what `select` takes) makes its calls as any other."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+        pytest.skip("this process may not open 1,200 files")
+    held = [open(os.devnull) for _ in range(1100)]  # noqa: SIM115
+    try:
+        connection = connect(served)
+        assert [get_run(connection, "abc").run_id for _ in range(3)] == ["3"] * 3
+    finally:
+        for handle in held:
+            handle.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from types import TracebackType
@@ -134,6 +135,7 @@ class Client:
         self._tls_cert, self._tls_key = tls_cert, tls_key
         self._telemetry = telemetry
         self._grpc_channel: grpc.Channel | None = None
+        self._opening = threading.Lock()  # threads sharing the client (simrun-mcp's) open one channel
         self._tracker_stub: tracker_pb2_grpc.RunTrackerServiceStub | None = None
         self._unary: unary.UnaryConnection | None = None
         plain = self._tls_ca is None and telemetry is None and not may_record()
@@ -158,7 +160,10 @@ class Client:
         if self._tracker_stub is None:
             from simrun.v1 import tracker_pb2_grpc
 
-            self._tracker_stub = tracker_pb2_grpc.RunTrackerServiceStub(self.channel)
+            channel = self.channel
+            with self._opening:
+                if self._tracker_stub is None:
+                    self._tracker_stub = tracker_pb2_grpc.RunTrackerServiceStub(channel)
         return self._tracker_stub
 
     def __enter__(self) -> Client:
@@ -182,14 +187,16 @@ class Client:
         if self._grpc_channel is None:
             from simrun_client.channel import open_channel
 
-            self._grpc_channel = open_channel(
-                self.endpoint,
-                self.token,
-                tls_ca=self._tls_ca,
-                tls_cert=self._tls_cert,
-                tls_key=self._tls_key,
-                telemetry=self._telemetry,
-            )
+            with self._opening:
+                if self._grpc_channel is None:
+                    self._grpc_channel = open_channel(
+                        self.endpoint,
+                        self.token,
+                        tls_ca=self._tls_ca,
+                        tls_cert=self._tls_cert,
+                        tls_key=self._tls_key,
+                        telemetry=self._telemetry,
+                    )
         return self._grpc_channel
 
     def identity(self) -> common_pb2.Identity:

@@ -10,14 +10,15 @@ stay with grpcio's channel (`simrun_client.channel`).
 from __future__ import annotations
 
 import os
-import select
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 from urllib.parse import unquote_to_bytes
 
+from google.protobuf.message import DecodeError
 from hpack import Decoder, Encoder, HPACKError, NeverIndexedHeaderTuple, OversizedHeaderListError
 from simrun_core.errors import ResourceExhausted, SimrunError, Unavailable, error_for_status
 
@@ -193,9 +194,16 @@ class UnaryConnection:
         self._send_message(exchange, b"\0" + len(payload).to_bytes(4, "big") + payload, deadline)
         while not exchange.ended:
             self._process(self._read_frame(deadline), exchange, deadline)
-        if self._received:
-            self._send_frame(WINDOW_UPDATE, 0, 0, self._received.to_bytes(4, "big"), deadline)
-            self._received = 0
+        if exchange.reset == REFUSED_STREAM and exchange.trailers is None:
+            raise _NotTaken
+        # The answer is in: giving the server back its window must not fail the call (not even past its
+        # deadline); a connection that cannot take the frame is made anew at the next call.
+        try:
+            if self._received:
+                self._send_frame(WINDOW_UPDATE, 0, 0, self._received.to_bytes(4, "big"), None)
+                self._received = 0
+        except SimrunError:
+            self._close()
         return exchange
 
     # The connection.
@@ -204,10 +212,14 @@ class UnaryConnection:
         host, port = self._address
         try:
             sock = socket.create_connection((host, port), timeout=_remaining(deadline))
-        except TimeoutError:
-            raise _deadline_exceeded() from None
+        except TimeoutError as exc:
+            if exc.errno is None:  # the deadline, not the kernel's own connect timeout
+                raise _deadline_exceeded() from None
+            raise Unavailable(f"failed to connect to {self.endpoint}: {exc.strerror}") from None
         except socket.gaierror as exc:
             raise Unavailable(f"DNS resolution failed for {host}: {exc.strerror}") from None
+        except UnicodeError:
+            raise Unavailable(f"DNS resolution failed for {host}: not a host name") from None
         except ConnectionRefusedError:
             raise Unavailable(f"failed to connect to {self.endpoint}: connection refused") from None
         except OSError as exc:
@@ -239,12 +251,18 @@ class UnaryConnection:
         connection) without waiting; whether the connection can take another call."""
         assert self._sock is not None
         try:
-            while select.select([self._sock], [], [], 0)[0]:
-                piece = self._sock.recv(65_536)
-                if not piece:
-                    return False
-                self._buffer += piece
+            self._sock.setblocking(False)
+            try:
+                while piece := self._sock.recv(65_536):
+                    self._buffer += piece
+                return False  # the server closed the connection
+            except BlockingIOError:
+                pass
+            finally:
+                self._sock.setblocking(True)
             while len(self._buffer) >= 9 and len(self._buffer) >= 9 + int.from_bytes(self._buffer[:3], "big"):
+                if self._buffer[3] == HEADERS or self._buffer[3] == CONTINUATION:
+                    return False  # no call's headers belong between calls
                 self._process(self._read_frame(None), None, None)
         except (OSError, SimrunError):
             return False
@@ -290,6 +308,16 @@ class UnaryConnection:
                 raise self._lost(None)
             self._buffer += piece
 
+    def _unpadded(self, flags: int, payload: bytes) -> bytes:
+        if not flags & PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            raise self._broke("padding longer than its frame")
+        return payload[1 : len(payload) - payload[0]]
+
+    def _broke(self, what: str) -> SimrunError:
+        return SimrunError(f"simrun at {self.endpoint} broke HTTP/2: {what}")
+
     def _lost(self, exc: OSError | None) -> Unavailable:
         why = f": {exc.strerror or exc}" if exc is not None else ""
         return Unavailable(f"the connection to simrun at {self.endpoint} was lost during the call{why}: try again")
@@ -333,7 +361,7 @@ class UnaryConnection:
             sent += room
             self._send_window -= room
             exchange.window -= room
-        if sent < len(message):
+        if sent < len(message) and exchange.reset is None:
             self._send_frame(RST_STREAM, 0, exchange.stream, CANCEL.to_bytes(4, "big"), deadline)
 
     def _process(self, frame: tuple[int, int, int, bytes], exchange: _Exchange | None, deadline: float | None) -> None:
@@ -344,7 +372,7 @@ class UnaryConnection:
             self._received += len(payload)
             if ours:
                 assert exchange is not None
-                exchange.data += _unpadded(flags, payload)
+                exchange.data += self._unpadded(flags, payload)
                 # The message's length prefix says its size before it all arrived; more than one message is
                 # refused in `_response`, but not held past the bound meanwhile.
                 declared = int.from_bytes(exchange.data[1:5], "big") if len(exchange.data) >= 5 else 0
@@ -353,13 +381,13 @@ class UnaryConnection:
                     raise ResourceExhausted(f"Received message larger than max ({size} vs. {self._max_message})")
                 exchange.ended = exchange.ended or bool(flags & END_STREAM)
         elif kind == HEADERS:
-            block = _unpadded(flags, payload)
+            block = self._unpadded(flags, payload)
             if flags & PRIORITY:
                 block = block[5:]
             while not flags & END_HEADERS:
                 kind, flags, _, more = self._read_frame(deadline)
                 if kind != CONTINUATION:
-                    raise SimrunError(f"simrun at {self.endpoint} broke HTTP/2: headers without their end")
+                    raise self._broke("headers without their end")
                 block += more
             try:
                 # Decoded to text (`raw=False`), whatever hpack's annotation says.
@@ -385,12 +413,17 @@ class UnaryConnection:
             for i in range(0, len(payload) - 5, 6):
                 key, value = int.from_bytes(payload[i : i + 2], "big"), int.from_bytes(payload[i + 2 : i + 6], "big")
                 if key == HEADER_TABLE_SIZE:
-                    self._encoder.header_table_size = value
+                    # Never more than the default: the table holds this side's headers, which need no more.
+                    self._encoder.header_table_size = min(value, 4096)
                 elif key == INITIAL_WINDOW_SIZE:
+                    if value > LARGEST_WINDOW:
+                        raise self._broke(f"a window of {value} bytes")
                     if exchange is not None:
                         exchange.window += value - self._peer_window
                     self._peer_window = value
                 elif key == MAX_FRAME_SIZE:
+                    if not DEFAULT_FRAME <= value < 2**24:
+                        raise self._broke(f"a largest frame of {value} bytes")
                     self._peer_frame = value
             self._send_frame(SETTINGS, ACK, 0, b"", deadline)
         elif kind == PING and not flags & ACK:
@@ -407,7 +440,7 @@ class UnaryConnection:
             if exchange is not None and exchange.stream > self._going_away:
                 raise _NotTaken
         elif kind in (PUSH_PROMISE, CONTINUATION):
-            raise SimrunError(f"simrun at {self.endpoint} broke HTTP/2: an unexpected frame of type {kind}")
+            raise self._broke(f"an unexpected frame of type {kind}")
 
     def _response(self, exchange: _Exchange, response_type: type[M]) -> M:
         """The call's response, or its status as the domain error."""
@@ -427,19 +460,34 @@ class UnaryConnection:
             details = unquote_to_bytes(trailers.get("grpc-message", "")).decode("utf-8", "replace")
             raise error_for_status(name, details)
         data = exchange.data
-        if len(data) < 5 or data[0] != 0 or len(data) != 5 + int.from_bytes(data[1:5], "big"):
+        if len(data) < 5 or len(data) != 5 + int.from_bytes(data[1:5], "big"):
             raise SimrunError(f"simrun at {self.endpoint} answered with something other than one whole message")
-        return response_type.FromString(bytes(data[5:]))
+        message = bytes(data[5:])
+        if data[0]:
+            message = self._decompressed(message, (exchange.headers or {}).get("grpc-encoding", "identity"))
+        try:
+            return response_type.FromString(message)
+        except DecodeError:
+            raise SimrunError("Exception deserializing response!") from None
+
+    def _decompressed(self, message: bytes, encoding: str) -> bytes:
+        """A message the server compressed (gzip or deflate, as grpcio's server may), within the bound."""
+        if encoding not in ("gzip", "deflate"):
+            raise SimrunError(f"simrun at {self.endpoint} compressed its answer with {encoding!r}, unknown here")
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+        try:
+            plain = inflater.decompress(message, self._max_message + 1)
+        except zlib.error as exc:
+            raise SimrunError(
+                f"simrun at {self.endpoint} sent a compressed answer that cannot be read: {exc}"
+            ) from None
+        if len(plain) > self._max_message:
+            raise ResourceExhausted(f"Received message larger than max (more than {self._max_message} bytes)")
+        return plain
 
 
 def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
-
-
-def _unpadded(flags: int, payload: bytes) -> bytes:
-    if not flags & PADDED:
-        return payload
-    return payload[1 : len(payload) - payload[0]]
 
 
 def _remaining(deadline: float | None) -> float | None:
