@@ -326,8 +326,9 @@ def test_a_tasks_progress_file_cannot_stall_or_break_the_servers_reads(
     leave every read answering."""
     server = machine.start()
     victim = victim_run(machine, server, owner_model)
-    agent, owner = machine.client(server, "agent", timeout_s=10), machine.client(server, "owner", timeout_s=10)
-    attacks = [[attack, "TASK_DIR/progress.jsonl"], ["sleep", "8"]]
+    # The attack holds for 5 s, past the 3 s a read may take: a read that waits on it fails.
+    agent, owner = machine.client(server, "agent", timeout_s=3), machine.client(server, "owner", timeout_s=3)
+    attacks = [[attack, "TASK_DIR/progress.jsonl"], ["sleep", "5"]]
     settings = json.dumps({"attacks": attacks, "units": 1})
     text = f"name: p\ntasks:\n  probe:\n    type: e2etasks.attacks:SplitProbe\n    settings: {settings}\n"
     run = agent.submit(write_workflow(attacker_model, text))
