@@ -35,6 +35,8 @@ STATE_COLORS = {
 }
 BAR_WIDTH = 20
 GAP = "  "
+FALLBACK_WIDTH = 80
+"""The width of a terminal that reports none, as rich and `shutil.get_terminal_size` take it."""
 
 
 @dataclass(frozen=True)
@@ -242,10 +244,13 @@ def _output_width() -> int | None:
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
         return int(columns)
+    if not sys.stdout.isatty():
+        return None
     try:
-        return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else None
+        columns = os.get_terminal_size(sys.stdout.fileno()).columns
     except (OSError, ValueError):  # no descriptor (a test's captured output)
         return None
+    return columns or FALLBACK_WIDTH  # a terminal that says no size (a pseudo-terminal nobody sized)
 
 
 def _count(n: int, noun: str) -> str:
