@@ -241,9 +241,9 @@ def _widest(text: str) -> int:
 
 def _output_width() -> int | None:
     """`COLUMNS`, else the terminal's width; on a pipe none (a table as wide as its content)."""
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+    asked = os.environ.get("COLUMNS", "")
+    if asked.isdigit() and int(asked) > 0:
+        return int(asked)
     if not sys.stdout.isatty():
         return None
     try:
