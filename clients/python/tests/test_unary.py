@@ -51,9 +51,9 @@ def _get_run(request: tracker_pb2.GetRunRequest, context: grpc.ServicerContext) 
     return tracker_pb2.GetRunResponse(run=common_pb2.Run(run_id=str(len(request.run_id))))
 
 
-def _serve(port: int = 0) -> tuple[grpc.Server, int]:
+def _serve(port: int = 0, compression: grpc.Compression | None = None) -> tuple[grpc.Server, int]:
     options = [("grpc.max_receive_message_length", MAX), ("grpc.max_send_message_length", MAX)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=options)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=options, compression=compression)
     handler = grpc.unary_unary_rpc_method_handler(
         _get_run,
         request_deserializer=tracker_pb2.GetRunRequest.FromString,
@@ -399,17 +399,7 @@ def test_a_peer_breaking_http2_is_an_error_not_a_hang(connect: Callable[..., Una
 def test_a_compressed_answer_is_read(connect: Callable[..., UnaryConnection]) -> None:
     """grpcio's server compresses where it is told to, whatever the client asked: gzip and deflate are read."""
     for compression in (grpc.Compression.Gzip, grpc.Compression.Deflate):
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), compression=compression)
-        handler = grpc.unary_unary_rpc_method_handler(
-            _get_run,
-            request_deserializer=tracker_pb2.GetRunRequest.FromString,
-            response_serializer=tracker_pb2.GetRunResponse.SerializeToString,
-        )
-        server.add_generic_rpc_handlers(
-            [grpc.method_handlers_generic_handler("simrun.v1.RunTrackerService", {"GetRun": handler})]
-        )
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
+        server, port = _serve(compression=compression)
         try:
             assert get_run(connect(port), "big:300000").message == "x" * 300_000
         finally:

@@ -16,20 +16,10 @@ from simrun.v1 import common_pb2
 from simrun_core.text import printable
 
 from simrun_cli.plain import run_state, size, task_state, when, who
-from simrun_cli.run_view import summary_value
+from simrun_cli.run_view import STATE_STYLES, summary_value
 
 if TYPE_CHECKING:
     from simrun.v1 import tracker_pb2
-
-_STATE_STYLES = {
-    "succeeded": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-    "submitting": "blue",
-    "pending": "dim",
-}
 
 
 def console() -> Console:
@@ -47,7 +37,7 @@ PIPE_WIDTH = 10_000
 
 
 def styled(state: str) -> Text:
-    return Text(state, style=_STATE_STYLES.get(state, ""))
+    return Text(state, style=STATE_STYLES.get(state, ""))
 
 
 def _units(units: int | None, done: int, state: str) -> tuple[int, int]:

@@ -25,14 +25,16 @@ from simrun_cli.plain import run_state, task_state, when, who
 if TYPE_CHECKING:
     from simrun.v1 import tracker_pb2
 
-STATE_COLORS = {
+STATE_STYLES = {
     "succeeded": "green",
     "failed": "red",
     "cancelled": "yellow",
     "running": "cyan",
     "queued": "blue",
     "submitting": "blue",
+    "pending": "dim",
 }
+"""How each run or task state shows, here and in rich's tables: a color, or dim."""
 BAR_WIDTH = 20
 GAP = "  "
 FALLBACK_WIDTH = 80
@@ -64,9 +66,8 @@ class Column:
 
 def state(name: str) -> Styled:
     """A run's or task's state in its color (`pending` dim)."""
-    return Styled(
-        name, {"dim": True} if name == "pending" else {"fg": STATE_COLORS[name]} if name in STATE_COLORS else {}
-    )
+    style = STATE_STYLES.get(name, "")
+    return Styled(name, {"dim": True} if style == "dim" else {"fg": style} if style else {})
 
 
 def show(run: common_pb2.Run, comparison: tracker_pb2.CompareRunsResponse | None) -> None:

@@ -137,7 +137,10 @@ class UnaryConnection:
         self._max_message = max_message_bytes
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
-        # The connection's state, set afresh by each `_connect`.
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """The state of a new connection: HTTP/2's defaults until the server's SETTINGS say otherwise."""
         self._buffer = bytearray()
         self._encoder = Encoder()
         self._decoder = Decoder()
@@ -226,14 +229,7 @@ class UnaryConnection:
             raise Unavailable(f"failed to connect to {self.endpoint}: {exc.strerror or exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
-        self._buffer = bytearray()
-        self._encoder = Encoder()
-        self._decoder = Decoder()
-        self._next_stream = 1
-        self._send_window = self._peer_window = DEFAULT_WINDOW
-        self._peer_frame = DEFAULT_FRAME
-        self._received = 0
-        self._going_away = None
+        self._fresh()
         settings = b"".join(
             key.to_bytes(2, "big") + value.to_bytes(4, "big")
             for key, value in ((ENABLE_PUSH, 0), (INITIAL_WINDOW_SIZE, LARGEST_WINDOW))
