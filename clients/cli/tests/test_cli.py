@@ -315,7 +315,7 @@ def loaded(names: set[str], *packages: str) -> set[str]:
 
 def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result, str], server) -> None:
     """Each command as a process imports what it calls and draws: `--version` no grpc, a read no server side, no
-    pydantic (it is for configs), no OpenTelemetry unless a variable asks for spans, rich only to draw a table, and
+    pydantic (it is for configs), no OpenTelemetry unless a variable asks for spans, rich only for live bars, and
     grpcio only for a stream (`logs`) or spans: unary calls go on the client's own HTTP/2 connection."""
     _, run_id = watched
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMRUN_", "OTEL_"))}
@@ -330,8 +330,8 @@ def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result,
 
     status, out = imported_by(["status", run_id], env)
     assert f"run {run_id}  succeeded" in out and "summaries" in out
-    assert {"simrun_client.unary", "simrun.v1.tracker_pb2", "simrun_cli.run_view"} <= status
-    # rich is for the other tables and --watch, the JSON printer for --json, the gateway's messages for whoami.
+    assert {"simrun_client.unary", "simrun.v1.tracker_pb2", "simrun_cli.tables"} <= status
+    # rich is for --watch's live bars, the JSON printer for --json, the gateway's messages for whoami.
     never_unary = (*never, "grpc", "simrun.v1.tracker_pb2_grpc")
     assert not loaded(status, *never_unary, "rich", "google.protobuf.json_format", "simrun.v1.gateway_pb2")
 
@@ -346,8 +346,11 @@ def test_read_commands_start_without_what_they_do_not_use(watched: tuple[Result,
     logs, out = imported_by(["logs", run_id, "report"], env)
     assert out.strip() and "grpc" in logs and not loaded(logs, *never, "rich"), sorted(loaded(logs, *never, "rich"))
     for args in (["list"], ["outputs", run_id]):
-        names, _ = imported_by(args, env)
-        assert not loaded(names, *never_unary, "rich.progress"), (args, sorted(loaded(names, *never_unary)))
+        names, out = imported_by(args, env)
+        assert run_id in out, (args, out)
+        assert not loaded(names, *never_unary, "rich"), (args, sorted(loaded(names, *never_unary, "rich")))
+    compared, out = imported_by(["compare", run_id], env)  # it reads the runs' workflows (pydantic) for settings
+    assert run_id in out and not loaded(compared, "grpc", "rich"), sorted(loaded(compared, "grpc", "rich"))
 
     # Where a variable asks for spans, the command records them (on stderr here): OpenTelemetry is loaded then,
     # and the calls go through grpcio's channel, which the spans instrument.
@@ -359,7 +362,7 @@ def test_text_from_a_run_is_drawn_as_it_is(capsys: pytest.CaptureFixture[str]) -
     """A summary value, its key or a task's name is printed as written: no rich markup or emoji code in it takes
     effect in `simrun compare`, and no escape sequence a task chose reaches the terminal from it or `simrun status`."""
     from simrun.v1 import common_pb2, tracker_pb2
-    from simrun_cli import render, run_view
+    from simrun_cli import render
 
     attack = "\x1b]52;c;aGk=\x07\x1b[2J\x9b31m"
     row = tracker_pb2.ComparisonRow(
@@ -368,8 +371,8 @@ def test_text_from_a_run_is_drawn_as_it_is(capsys: pytest.CaptureFixture[str]) -
     comparison = tracker_pb2.CompareRunsResponse(run_ids=["r1"], rows=[row])
     task = common_pb2.Task(task_id="a:smile:b", type="m.tasks:[i]T[/i]", message=attack)
     run = common_pb2.Run(run_id="r1", tasks=[task], message=attack, state=common_pb2.RUN_STATE_FAILED)
-    render.console().print(render.comparison_table(comparison))
-    run_view.show(run, comparison)
+    render.echo(render.comparison_table(comparison))
+    render.show(run, comparison)
     printed = capsys.readouterr().out
     assert "[bold]t[/bold]" in printed and "[red]on :fire:" in printed, printed
     assert "a:smile:b" in printed and "m.tasks:[i]T[/i]" in printed, printed

@@ -240,7 +240,7 @@ def list_runs(group: str | None, state: str | None, owner: str | None, as_json: 
     elif not runs:
         click.echo("no runs")
     else:
-        render.console().print(render.runs_table(runs))
+        render.echo(render.runs_table(runs))
 
 
 @cli.command()
@@ -264,7 +264,7 @@ def compare(run_ids: tuple[str, ...], group: str | None, as_json: bool, client: 
     elif not comparison.run_ids:
         click.echo("no runs to compare")
     else:
-        render.console().print(render.comparison_table(comparison, settings))
+        render.echo(render.comparison_table(comparison, settings))
 
 
 @cli.command()
@@ -299,7 +299,7 @@ def estimate(
     if as_json:
         plain.echo_json(result)
     else:
-        render.console().print(render.estimate_table(result))
+        render.echo(render.estimate_table(result))
 
 
 @cli.command()
@@ -440,7 +440,7 @@ def nodes(as_json: bool, client: Client) -> None:
     if as_json:
         plain.echo_json(tracker_pb2.ListNodesResponse(nodes=found))
     else:
-        render.console().print(render.nodes_table(found))
+        render.echo(render.nodes_table(found))
 
 
 @cli.command()
@@ -461,7 +461,7 @@ def outputs(run_id: str, task_id: str | None, port: str | None, as_json: bool, c
             else f"no output files of {task_id}"
         )
     else:
-        render.console().print(render.outputs_table(files))
+        render.echo(render.outputs_table(files))
 
 
 @cli.command()
@@ -530,12 +530,10 @@ def envs(as_json: bool, client: Client) -> None:
     if as_json:
         plain.echo_json(envbuilder_pb2.ListEnvironmentsResponse(environments=found))
     else:
-        render.console().print(render.environments_table(found))
+        render.echo(render.environments_table(found))
 
 
 def _show_run(client: Client, run: common_pb2.Run) -> None:
     """Prints the run as `simrun status` shows it, with its summaries once it succeeded."""
-    from simrun_cli import run_view
-
     succeeded = run.state == common_pb2.RUN_STATE_SUCCEEDED
-    run_view.show(run, client.compare(run_ids=[run.run_id]) if succeeded else None)
+    render.show(run, client.compare(run_ids=[run.run_id]) if succeeded else None)

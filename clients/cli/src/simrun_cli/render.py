@@ -1,50 +1,154 @@
-"""How the CLI shows simrun's messages to people: rich tables and progress bars (programs get `simrun_cli.plain`)."""
+"""How the CLI shows simrun's messages to people: tables, a run's view, live progress bars (programs get
+`simrun_cli.plain`).
+
+The tables are drawn without rich (`simrun_cli.tables`), so that a command that prints one starts without it;
+only following a run (`--watch`) draws rich's live bars, imported then.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 from simrun.v1 import common_pb2
 from simrun_core.text import printable
 
 from simrun_cli.plain import run_state, size, task_state, when, who
-from simrun_cli.run_view import STATE_STYLES, summary_value
+from simrun_cli.tables import Cell, Column, Styled, bar, echo, state, table
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from simrun.v1 import tracker_pb2
 
 
 def console() -> Console:
-    """The console a command draws on: no markup, emoji codes or highlighting, so that what simrun prints (a task's
-    name, message or summary value) shows as it is; styles come from `Text` alone. (Emoji codes would also load
-    rich's table of them, a tenth of the start of `simrun status`.)"""
+    """The console the live bars of a followed run draw on: no markup, emoji codes or highlighting, so that what
+    simrun prints (a task's name, a message) shows as it is; styles come from `Text` alone."""
+    from rich.console import Console
+
     # Made per command so it writes to the sys.stdout of the moment (click's test runner swaps it). Piped output
-    # is as wide as its tables need (no column cut to `…`), unless COLUMNS says otherwise.
+    # is as wide as its lines need, unless COLUMNS says otherwise.
     width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
     return Console(highlight=False, markup=False, emoji=False, width=width)
 
 
 PIPE_WIDTH = 10_000
-"""Columns of output that goes to a pipe or file: rich then sizes each table to its content."""
+"""Columns of output that goes to a pipe or file."""
 
 
-def styled(state: str) -> Text:
-    return Text(state, style=STATE_STYLES.get(state, ""))
-
-
-def _units(units: int | None, done: int, state: str) -> tuple[int, int]:
-    """(total, completed) of a bar: a split task's units, or 1 for an unsplit task, complete once it succeeded."""
+def units_bar(units: int | None, done: int, state: str) -> tuple[int, int]:
+    """(total, completed) of a task's bar: its units if split, else 1, complete once it succeeded."""
     if units is not None:
         return units, done
     return 1, 1 if state == "succeeded" else 0
+
+
+def show(run: common_pb2.Run, comparison: tracker_pb2.CompareRunsResponse | None) -> None:
+    """Prints the run: its header, its tasks' table and messages and, given its comparison, its summaries."""
+    lines = list(run_header(run))
+    if run.tasks:
+        lines += tasks_table(run)
+    lines += task_messages(run)
+    if comparison is not None:
+        lines += summaries_table(comparison)
+    echo(lines)
+
+
+def run_header(run: common_pb2.Run) -> Iterator[str]:
+    """The run's id, state, group, submitter, times, model and message."""
+    yield f"{Styled('run ' + run.run_id, {'bold': True})}  {state(run_state(run.state))}"
+    submitted = f"submitted by {who(run.identity) or '?'} at {when(run.create_time)}"
+    yield f"group {printable(run.group or 'default')}, {submitted}"
+    if run.HasField("end_time"):
+        yield f"ended at {when(run.end_time)}"
+    if run.snapshots:
+        model = run.snapshots[0]
+        source = model.provenance
+        origin = ", ".join(
+            part
+            for part in (
+                f"branch {printable(source.branch)}" if source.branch else "",
+                f"commit {source.commit[:10]}" if source.commit else "",
+                _count(len(source.changed_files), "changed file") if source.dirty else "",
+            )
+            if part
+        )
+        yield f"model {printable(model.name)} {model.snapshot_id[:12]}" + (f" ({origin})" if origin else "")
+    if run.environment:
+        yield f"environment {run.environment}"
+    if run.reservation:
+        yield f"reserves node {printable(run.reservation)}"
+    if run.trace_id:
+        yield str(Styled(f"trace {run.trace_id}", {"dim": True}))
+    if run.message:
+        color = "red" if run.state == common_pb2.RUN_STATE_FAILED else "yellow"
+        yield str(Styled(printable(run.message), {"fg": color}))
+
+
+def tasks_table(run: common_pb2.Run) -> list[str]:
+    """One row per task: its type, state, a bar of its units, its pods."""
+    columns = [Column("task"), Column("type", fold=True), Column("state"), Column("progress")]
+    columns += [Column("units", right=True), Column("pods", right=True)]
+    rows: list[list[Cell]] = []
+    for task in run.tasks:
+        name = task_state(task.state)
+        units = task.units if task.HasField("units") else None
+        total, done = units_bar(units, task.units_done, name)
+        rows.append(
+            [
+                printable(task.task_id),
+                printable(task.type),
+                state(name),
+                bar(done, total),
+                f"{task.units_done}/{units}" if units is not None else "-",
+                str(task.plan.pods) if task.plan.pods else "",
+            ]
+        )
+    return table(columns, rows)
+
+
+def task_messages(run: common_pb2.Run) -> Iterator[str]:
+    """A line for each task reused from an earlier run or with a message (a failure's, say)."""
+    for task in run.tasks:
+        if task.HasField("reused_from"):
+            source = task.reused_from
+            what = f"{source.units} units" if source.HasField("units") else "outputs"
+            line = f"{task.task_id}: {what} reused from run {source.run_id} task {source.task_id}"
+            yield str(Styled(printable(line), {"fg": "green"}))
+        elif task.message:
+            yield str(Styled(f"{printable(task.task_id)}: {printable(task.message)}", {"fg": "red"}))
+
+
+def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> list[str]:
+    """One run's task summaries under a title: task, key, value."""
+    rows: list[list[Cell]] = [
+        [printable(row.task_id), printable(row.key), summary_value(row.values[0] if row.values else "")]
+        for row in comparison.rows
+    ]
+    return [
+        str(Styled("summaries", {"bold": True})),
+        *table([Column("task"), Column("key"), Column("value", fold=True)], rows),
+    ]
+
+
+def summary_value(text: str) -> str:
+    """A summary value (JSON) for people: numbers compact, strings unquoted (their control characters written
+    out, see `printable`), a missing value as `-`."""
+    if not text:
+        return "-"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return printable(text)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str):
+        return printable(value)
+    return json.dumps(value)
 
 
 def _count(n: int, noun: str) -> str:
@@ -53,68 +157,68 @@ def _count(n: int, noun: str) -> str:
 
 def comparison_table(
     comparison: tracker_pb2.CompareRunsResponse, settings: Sequence[tuple[str, str, Sequence[str]]] = ()
-) -> Table:
-    """Summary values side by side: a row per task and key, a column per run; the differing settings first."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("task", no_wrap=True)
-    table.add_column("key", no_wrap=True)
-    for run_id in comparison.run_ids:
-        table.add_column(run_id, no_wrap=True, justify="right")
+) -> list[str]:
+    """Summary values side by side: a row per task and key, a column per run; the differing settings first, dim."""
+    columns = [Column("task"), Column("key"), *(Column(run_id, right=True) for run_id in comparison.run_ids)]
     # A task chose its summaries' keys and values: an escape sequence in one must not drive the reader's terminal.
-    for task_id, key, values in settings:
-        table.add_row(task_id, printable(f"settings.{key}"), *(summary_value(v) for v in values), style="dim")
-    if settings:
-        table.add_section()
-    for row in comparison.rows:
-        table.add_row(printable(row.task_id), printable(row.key), *(summary_value(v) for v in row.values))
-    return table
+    dim = {"dim": True}
+    rows: list[list[Cell]] = [
+        [Styled(text, dim) for text in (printable(task_id), printable(f"settings.{key}"), *map(summary_value, values))]
+        for task_id, key, values in settings
+    ]
+    rows += [
+        [printable(row.task_id), printable(row.key), *(summary_value(v) for v in row.values)] for row in comparison.rows
+    ]
+    return table(columns, rows, rule=True, rules_after={len(settings) - 1} if settings else set())
 
 
-def runs_table(runs: Iterable[common_pb2.Run]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("run", "state", "group", "submitted by", "tasks done", "submitted"):
-        table.add_column(name, no_wrap=name in ("run", "submitted"))
+def runs_table(runs: Iterable[common_pb2.Run]) -> list[str]:
+    columns = [Column(name) for name in ("run", "state", "group", "submitted by", "tasks done", "submitted")]
+    rows: list[list[Cell]] = []
     for run in runs:
         done = sum(task.state == common_pb2.TASK_STATE_SUCCEEDED for task in run.tasks)
-        table.add_row(
-            run.run_id,
-            styled(run_state(run.state)),
-            run.group,
-            who(run.identity),
-            f"{done}/{len(run.tasks)}",
-            when(run.create_time),
+        rows.append(
+            [
+                run.run_id,
+                state(run_state(run.state)),
+                printable(run.group),
+                who(run.identity),
+                f"{done}/{len(run.tasks)}",
+                when(run.create_time),
+            ]
         )
-    return table
+    return table(columns, rows, rule=True)
 
 
-def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (
-        ("task", "left"),
-        ("pods", "right"),
-        ("processes × cores", "right"),
-        ("memory GiB", "right"),
-        ("units", "right"),
-        ("priority", "left"),
-        ("memory from", "left"),
-        ("compute seconds", "right"),  # its units' learned seconds over its processes; `unknown` until learned
-        ("reused from", "left"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=name == "task")  # type: ignore[arg-type]
+def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> list[str]:
+    columns = [
+        Column("task"),
+        Column("pods", right=True),
+        Column("processes × cores", right=True),
+        Column("memory GiB", right=True),
+        Column("units", right=True),
+        Column("priority"),
+        Column("memory from"),
+        Column("compute seconds", right=True),  # its units' learned seconds over its processes; `unknown` until learned
+        Column("reused from"),
+    ]
+    rows: list[list[Cell]] = []
     for task in estimate.tasks:
         shape = task.plan.shape
-        table.add_row(
-            task.task_id,
-            str(task.plan.pods),
-            f"{shape.processes} × {shape.cores // max(shape.processes, 1)}",
-            str(shape.memory_gb),
-            str(task.plan.units) if task.plan.HasField("units") else "-",
-            task.plan.base_priority.removeprefix("simrun-"),
-            common_pb2.ResolutionRule.Name(task.resources.rule).removeprefix("RESOLUTION_RULE_").lower(),
-            _seconds(task.seconds) if task.HasField("seconds") else "unknown",
-            _reused(task.reused_from) if task.HasField("reused_from") else "",
+        rows.append(
+            [
+                printable(task.task_id),
+                str(task.plan.pods),
+                f"{shape.processes} × {shape.cores // max(shape.processes, 1)}",
+                str(shape.memory_gb),
+                str(task.plan.units) if task.plan.HasField("units") else "-",
+                task.plan.base_priority.removeprefix("simrun-"),
+                common_pb2.ResolutionRule.Name(task.resources.rule).removeprefix("RESOLUTION_RULE_").lower(),
+                _seconds(task.seconds) if task.HasField("seconds") else "unknown",
+                _reused(task.reused_from) if task.HasField("reused_from") else "",
+            ]
         )
-    return table
+    return table(columns, rows, rule=True)
 
 
 def _reused(source: common_pb2.ReusedFrom) -> str:
@@ -127,30 +231,23 @@ def _seconds(seconds: float) -> str:
     return f"{seconds:.2g}" if seconds < 10 else f"{seconds:.0f}"
 
 
-def outputs_table(files: Iterable[tracker_pb2.OutputFile]) -> Table:
+def outputs_table(files: Iterable[tracker_pb2.OutputFile]) -> list[str]:
     """One row per output file: task, port, path in the port, size, path in the store."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in (
-        ("task", "left"),
-        ("port", "left"),
-        ("file", "left"),
-        ("size", "right"),
-        ("in the store", "left"),
-    ):
-        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for file in files:
-        # The task named its files: never let a name drive the terminal.
-        table.add_row(file.task_id, file.port, printable(file.path), size(file.size_bytes), printable(file.store_path))
-    return table
+    columns = [Column("task"), Column("port"), Column("file"), Column("size", right=True), Column("in the store")]
+    # The task named its files: never let a name drive the terminal.
+    rows: list[list[Cell]] = [
+        [file.task_id, file.port, printable(file.path), size(file.size_bytes), printable(file.store_path)]
+        for file in files
+    ]
+    return table(columns, rows, rule=True)
 
 
-def nodes_table(nodes: Iterable[common_pb2.Node]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in ("node", "cores", "memory GiB", "gpus", "reserved by"):
-        table.add_column(name, justify="left" if name in ("node", "reserved by") else "right")
-    for node in nodes:
-        table.add_row(node.name, str(node.cores), f"{node.memory_gb:g}", str(node.gpus), node.reserved_by or "")
-    return table
+def nodes_table(nodes: Iterable[common_pb2.Node]) -> list[str]:
+    columns = [Column("node"), *(Column(n, right=True) for n in ("cores", "memory GiB", "gpus")), Column("reserved by")]
+    rows: list[list[Cell]] = [
+        [node.name, str(node.cores), f"{node.memory_gb:g}", str(node.gpus), node.reserved_by or ""] for node in nodes
+    ]
+    return table(columns, rows, rule=True)
 
 
 class RunProgress:
@@ -193,7 +290,7 @@ class RunProgress:
             if not self._live:
                 self._line(task.task_id, state, task.units_done, units)
                 continue
-            total, done = _units(units, task.units_done, state)
+            total, done = units_bar(units, task.units_done, state)
             bar = self._bars.get(task.task_id)
             if bar is None:
                 bar = self._bars[task.task_id] = self._progress.add_task(task.task_id, total=total, state="")
@@ -215,19 +312,20 @@ _ENVIRONMENT_STATES = {
 }
 
 
-def environments_table(environments: Iterable[common_pb2.Environment]) -> Table:
+def environments_table(environments: Iterable[common_pb2.Environment]) -> list[str]:
     """One row per environment: id, state, Python, packages, size, last used."""
-    table = Table(box=None, pad_edge=False)
-    for column in ("environment", "state", "python", "packages", "size", "last used"):
-        table.add_column(column, no_wrap=True)
+    columns = [Column(name) for name in ("environment", "state", "python", "packages", "size", "last used")]
+    rows: list[list[Cell]] = []
     for env in environments:
         last = when(env.last_use_time) if env.HasField("last_use_time") else ""
-        table.add_row(
-            env.environment_id,
-            _ENVIRONMENT_STATES.get(env.state, "?"),
-            env.python_version,
-            str(env.package_count),
-            size(env.size_bytes) if env.size_bytes else "",
-            last,
+        rows.append(
+            [
+                env.environment_id,
+                _ENVIRONMENT_STATES.get(env.state, "?"),
+                env.python_version,
+                str(env.package_count),
+                size(env.size_bytes) if env.size_bytes else "",
+                last,
+            ]
         )
-    return table
+    return table(columns, rows)

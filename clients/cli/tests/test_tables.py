@@ -1,11 +1,11 @@
-"""`simrun status`'s tables drawn without rich: widths, folding, wide characters, bars."""
+"""The CLI's tables drawn without rich: widths, rules, folding, wide characters, bars."""
 
 from __future__ import annotations
 
 import click
 from hypothesis import given
 from hypothesis import strategies as st
-from simrun_cli.run_view import BAR_WIDTH, Column, _fold, bar, cell_width, table
+from simrun_cli.tables import BAR_WIDTH, Column, _fold, bar, cell_width, table
 
 TEXT = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp", "Mn", "Me", "Cf")), max_size=30)
 
