@@ -178,12 +178,11 @@ def test_a_server_that_accepts_and_never_answers_is_a_deadline(
 def test_a_server_that_closes_at_once_is_a_lost_connection(connect: Callable[..., UnaryConnection]) -> None:
     with socket.create_server(("127.0.0.1", 0)) as closing:
 
-        def close_each() -> None:
-            for _ in range(1):
-                peer, _ = closing.accept()
-                peer.close()
+        def close_at_once() -> None:
+            peer, _ = closing.accept()
+            peer.close()
 
-        threading.Thread(target=close_each, daemon=True).start()
+        threading.Thread(target=close_at_once, daemon=True).start()
         connection = connect(closing.getsockname()[1])
         with pytest.raises(Unavailable, match="was lost during the call"):
             get_run(connection, "ok")

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 
 def console() -> Console:
-    """The console the live bars of a followed run draw on: no markup, emoji codes or highlighting, so that what
-    simrun prints (a task's name, a message) shows as it is; styles come from `Text` alone."""
+    """The console `submit`'s lines and a followed run's live bars draw on: no markup, emoji codes or
+    highlighting, so that what simrun prints (a task's name, a message) shows as it is; styles come from `Text`."""
     from rich.console import Console
 
     # Made per command so it writes to the sys.stdout of the moment (click's test runner swaps it). Piped output
@@ -100,8 +100,8 @@ def tasks_table(run: common_pb2.Run) -> list[str]:
         total, done = units_bar(units, task.units_done, name)
         rows.append(
             [
-                printable(task.task_id),
-                printable(task.type),
+                task.task_id,
+                task.type,
                 state(name),
                 bar(done, total),
                 f"{task.units_done}/{units}" if units is not None else "-",
@@ -126,8 +126,7 @@ def task_messages(run: common_pb2.Run) -> Iterator[str]:
 def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> list[str]:
     """One run's task summaries under a title: task, key, value."""
     rows: list[list[Cell]] = [
-        [printable(row.task_id), printable(row.key), summary_value(row.values[0] if row.values else "")]
-        for row in comparison.rows
+        [row.task_id, row.key, summary_value(row.values[0] if row.values else "")] for row in comparison.rows
     ]
     return [
         str(Styled("summaries", {"bold": True})),
@@ -136,18 +135,17 @@ def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> list[str]:
 
 
 def summary_value(text: str) -> str:
-    """A summary value (JSON) for people: numbers compact, strings unquoted (their control characters written
-    out, see `printable`), a missing value as `-`."""
+    """A summary value (JSON) for people: numbers compact, strings unquoted, a missing value as `-`."""
     if not text:
         return "-"
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        return printable(text)
+        return text
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, str):
-        return printable(value)
+        return value
     return json.dumps(value)
 
 
@@ -160,15 +158,12 @@ def comparison_table(
 ) -> list[str]:
     """Summary values side by side: a row per task and key, a column per run; the differing settings first, dim."""
     columns = [Column("task"), Column("key"), *(Column(run_id, right=True) for run_id in comparison.run_ids)]
-    # A task chose its summaries' keys and values: an escape sequence in one must not drive the reader's terminal.
     dim = {"dim": True}
     rows: list[list[Cell]] = [
-        [Styled(text, dim) for text in (printable(task_id), printable(f"settings.{key}"), *map(summary_value, values))]
+        [Styled(text, dim) for text in (task_id, f"settings.{key}", *map(summary_value, values))]
         for task_id, key, values in settings
     ]
-    rows += [
-        [printable(row.task_id), printable(row.key), *(summary_value(v) for v in row.values)] for row in comparison.rows
-    ]
+    rows += [[row.task_id, row.key, *(summary_value(v) for v in row.values)] for row in comparison.rows]
     return table(columns, rows, rule=True, rules_after={len(settings) - 1} if settings else set())
 
 
@@ -181,7 +176,7 @@ def runs_table(runs: Iterable[common_pb2.Run]) -> list[str]:
             [
                 run.run_id,
                 state(run_state(run.state)),
-                printable(run.group),
+                run.group,
                 who(run.identity),
                 f"{done}/{len(run.tasks)}",
                 when(run.create_time),
@@ -207,7 +202,7 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> list[str]:
         shape = task.plan.shape
         rows.append(
             [
-                printable(task.task_id),
+                task.task_id,
                 str(task.plan.pods),
                 f"{shape.processes} × {shape.cores // max(shape.processes, 1)}",
                 str(shape.memory_gb),
@@ -234,10 +229,8 @@ def _seconds(seconds: float) -> str:
 def outputs_table(files: Iterable[tracker_pb2.OutputFile]) -> list[str]:
     """One row per output file: task, port, path in the port, size, path in the store."""
     columns = [Column("task"), Column("port"), Column("file"), Column("size", right=True), Column("in the store")]
-    # The task named its files: never let a name drive the terminal.
     rows: list[list[Cell]] = [
-        [file.task_id, file.port, printable(file.path), size(file.size_bytes), printable(file.store_path)]
-        for file in files
+        [file.task_id, file.port, file.path, size(file.size_bytes), file.store_path] for file in files
     ]
     return table(columns, rows, rule=True)
 

@@ -2,7 +2,8 @@
 
 rich's import would cost a command that prints a table a third of its start (`simrun status` is the one agents
 call most). A column that may fold is folded to fit a terminal; on a pipe a table is as wide as its content.
-Styles are ANSI codes through click, shown only on a terminal and never with `NO_COLOR` (`echo`).
+Styles are ANSI codes through click, shown only on a terminal and never with `NO_COLOR` (`echo`). Every cell is
+shown with its control characters written out (`simrun_core.text.printable`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+from simrun_core.text import printable
 
 STATE_STYLES = {
     "succeeded": "green",
@@ -85,7 +87,7 @@ def table(
     under each row numbered in `rules_after`. Past `width` (the terminal's, or none on a pipe unless `COLUMNS`
     says), the folding columns are narrowed from the widest and their cells folded."""
     limit = width if width is not None else _output_width()
-    widths = [max([cell_width(c.header), *(_widest(_text(row[i])) for row in rows)]) for i, c in enumerate(columns)]
+    widths = [max([_widest(_text(c.header)), *(_widest(_text(row[i])) for row in rows)]) for i, c in enumerate(columns)]
     excess = sum(widths) + len(GAP) * (len(columns) - 1) - limit if limit is not None else 0
     for i in sorted((i for i, c in enumerate(columns) if c.fold), key=lambda i: -widths[i]):
         if excess <= 0:
@@ -135,7 +137,9 @@ def _fold(text: str, width: int) -> list[str]:
 
 
 def _text(cell: Cell) -> str:
-    return (cell.text if isinstance(cell, Styled) else cell).expandtabs(8)
+    """A cell's text as shown: its control characters written out (a task or submitter chose most cells, and an
+    escape sequence in one must not drive the reader's terminal), its tabs as spaces."""
+    return printable(cell.text if isinstance(cell, Styled) else cell).expandtabs(8)
 
 
 def _widest(text: str) -> int:
