@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Identity, OomKill, RunRecord, RunState, TaskRecord
 from simrun_tracker.index import RunIndex, row_from_record
 from simrun_tracker.runstore import RunStore
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects.sqlite.base import DATETIME
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 ALICE = Identity(name="alice", kind="owner", priority="owner")
@@ -55,6 +60,10 @@ def save(
     )
     record.save(store.run(run_id))
     return record
+
+
+def index_file(index: RunIndex) -> str:
+    return str(index._engine.url.database)
 
 
 def ids(rows: list) -> list[str]:
@@ -255,3 +264,44 @@ def test_the_run_store_hands_out_copies_that_share_nothing_with_what_it_keeps(tm
         assert again == record, "a change to a copy reached the record the store keeps"
     finally:
         runs.index.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    created=st.datetimes(timezones=st.just(UTC)),
+    ended=st.none() | st.datetimes(),
+    flags=st.tuples(st.booleans(), st.booleans()),
+)
+def test_the_writer_stores_each_value_as_sqlalchemy_reads_it(
+    index: RunIndex, created: datetime, ended: datetime | None, flags: tuple[bool, bool]
+) -> None:
+    """The writer goes around SQLAlchemy: what it stores is the text the dialect stores, so reads, filters and
+    keyset paging see the same times and flags as for a row SQLAlchemy wrote."""
+    row = {
+        "run_id": "r",
+        "owner": "alice",
+        "agent": None,
+        "group": "default",
+        "workflow": "wf",
+        "state": "running",
+        "created_at": created,
+        "updated_at": created,
+        "ended_at": ended,
+        "pending_release": flags[0],
+        "cancel_requested": flags[1],
+        "snapshots": "[]",
+        "summary": "{}",
+        "request_id": "",
+    }
+    index.put(row)
+    [read] = index.rows()
+    dialect = sqlite.dialect()
+    stored = DATETIME().bind_processor(dialect)
+    assert read.created_at.replace(tzinfo=None) == created.replace(tzinfo=None)
+    assert (read.ended_at and read.ended_at.replace(tzinfo=None)) == ended
+    assert (read.pending_release, read.cancel_requested) == flags
+    with sqlite3.connect(index_file(index)) as db:
+        text = db.execute("SELECT created_at, ended_at, pending_release FROM runs").fetchone()
+    assert text == (stored(created), stored(ended) if ended else None, int(flags[0]))
+    assert index.page("", "", "", (created + timedelta(microseconds=1), "r"), 10) == [("r", read.created_at)]
+    assert index.page("", "", "", (created, "r"), 10) == []

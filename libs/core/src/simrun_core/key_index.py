@@ -51,6 +51,15 @@ class ReuseSource:
         return self.units is not None
 
 
+def as_cache(connection: sqlite3.Connection) -> None:
+    """Sets up a connection to a database that is a cache, rebuilt at start (the run index, the task keys): no
+    durability, so no fsync; a rollback journal, as WAL fails on NFS; and the journal truncated after each
+    transaction rather than deleted, so a transaction creates and frees no file (ext4 without a journal makes every
+    new file skip the ones freed in the last minutes: measured at 28% of the server's CPU under submissions)."""
+    connection.execute("PRAGMA journal_mode=TRUNCATE")
+    connection.execute("PRAGMA synchronous=OFF")
+
+
 class KeyIndex:
     """Task keys of the store's runs; thread-safe (one connection, one lock)."""
 
@@ -58,9 +67,7 @@ class KeyIndex:
         self._store = store
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        # A cache rebuilt at start needs no durability: a rollback journal without fsync (WAL fails on NFS).
-        self._db.execute("PRAGMA journal_mode=DELETE")
-        self._db.execute("PRAGMA synchronous=OFF")
+        as_cache(self._db)
         self._db.executescript(_SCHEMA)
 
     def close(self) -> None:
