@@ -35,6 +35,15 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     os.replace(tmp, path)
 
 
+def fsync_file(path: Path) -> None:
+    """Flushes a file written with `durable=False` to the disk (a link at its name is refused, not followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json_atomic(path: Path, data: Any, *, sort_keys: bool = True, durable: bool = True) -> None:
     """Writes `data` as indented JSON, atomically; keys sorted unless their order means something."""
     write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=sort_keys) + "\n").encode(), durable=durable)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from simrun_core.errors import NotFound
+from simrun_runtime.files import fsync_file
 from simrun_runtime.layout import NAME, RunLayout, StoreLayout
 from simrun_runtime.record import RunRecord
 
@@ -72,12 +73,26 @@ class RunStore:
 
         A run appears whole or not at all: a failure removes the staging folder and leaves nothing behind.
         """
-        final = self.layout.run(record.run_id)
+        return self.place(record, self.stage(record, write_tasks))
+
+    def stage(self, record: RunRecord, write_tasks: Callable[[RunLayout], None]) -> RunLayout:
+        """The first half of `create`: writes a new run aside, without fsync, and returns its staging folder,
+        which nobody sees until `place` (a failure removes it)."""
         staging = self.layout.run_staging(record.run_id)
         try:
             write_tasks(staging)
-            record.save(staging)
-            os.rename(staging.root, final.root)
+            record.save(staging, durable=False)
+        except BaseException:
+            shutil.rmtree(staging.root, ignore_errors=True)
+            raise
+        return staging
+
+    def place(self, record: RunRecord, staging: RunLayout) -> RunRecord:
+        """The second half of `create`: fsyncs a staged run's record, renames the run into place and makes it
+        active (a failure removes the staging folder)."""
+        try:
+            fsync_file(staging.record)
+            os.rename(staging.root, self.layout.run(record.run_id).root)
         except BaseException:
             shutil.rmtree(staging.root, ignore_errors=True)
             raise

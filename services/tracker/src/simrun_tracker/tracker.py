@@ -51,6 +51,7 @@ from simrun_tracker.reuse import (
 )
 from simrun_tracker.runstore import RunStore
 from simrun_tracker.submission import PlannedTask, check_snapshots, describe_tasks, plan_tasks, reserving
+from simrun_tracker.turns import Turns
 
 __all__ = [
     "Comparison",
@@ -169,6 +170,8 @@ class RunTracker:
             keys=self.keys,
         )
         self._request_locks = [threading.Lock() for _ in range(REQUEST_LOCKS)]
+        self.turns = Turns()
+        """Submissions' turns for their own CPU work (`turns`): in the order they came, stepping out to wait."""
         active = self.runs.load(self.keys.rebuild)
         for record in active:
             self._restore_task_files(record)
@@ -224,6 +227,31 @@ class RunTracker:
         return self._request_locks[hash((name, request_id)) % REQUEST_LOCKS]
 
     def _submit(self, submission: Submission, identity: Identity) -> RunRecord:
+        """Prepares and stages the run in the submission's turn, then makes it durable and visible after it."""
+        reserved: list[str] = []
+        try:
+            with self.turns.turn():
+                record, workflow, planned = self._prepare(submission, identity, reserved)
+
+                def write_tasks(staging: RunLayout) -> None:
+                    self._write_tasks(staging, record, workflow, list(record.tasks), durable=False)
+                    if planned is not None:
+                        self._reuse(record, staging, identity)
+
+                staging = self.runs.stage(record, write_tasks)
+            created = self.runs.place(record, staging)
+        except BaseException:
+            if reserved:
+                self.executor.release(reserved[0])
+            raise
+        self.keys.update(created)
+        return created
+
+    def _prepare(
+        self, submission: Submission, identity: Identity, reserved: list[str]
+    ) -> tuple[RunRecord, Workflow, list[PlannedTask] | None]:
+        """A submission checked, resolved and planned into the record it will write: the record, its workflow and
+        its planned tasks (None while its environment builds); a node it reserves goes in `reserved`."""
         run_id = new_run_id()
         self.guard.check_submission(identity, submission.workflow, 0, 0)  # the text's size, before it is parsed
         workflow = parse_workflow(submission.workflow)
@@ -240,14 +268,16 @@ class RunTracker:
         reuse = submission.reuse_request
         check_request(reuse, list(workflow.order), identity, self._load_record, self.guard.policy)
         check_snapshots(self.store, submission.snapshots)
-        environment = self.environments.resolve(submission.snapshots)
+        with self.turns.outside():  # resolving may lock the model's dependencies
+            environment = self.environments.resolve(submission.snapshots)
         if environment.state == EnvironmentState.FAILED:
             raise FailedPrecondition(f"environment {environment.environment_id} failed: {environment.message}")
         planned: list[PlannedTask] | None = None
         if environment.state == EnvironmentState.READY:
-            planned = self._plan(
-                workflow, submission.snapshots, identity, submission.mode, run_id, reserve, environment
-            )
+            with self.turns.outside():  # the model's describer runs its code, and the learner may be a service
+                planned = self._plan(
+                    workflow, submission.snapshots, identity, submission.mode, run_id, reserve, environment
+                )
         elif reserve:
             reserving(self.executor.nodes(), run_id, reserve)
         record = RunRecord(
@@ -274,21 +304,10 @@ class RunTracker:
         if planned is not None:
             self._set_keys(record, planned)
         if reserve:
-            self.executor.reserve(reserve, run_id)
-
-        def write_tasks(staging: RunLayout) -> None:
-            self._write_tasks(staging, record, workflow, list(record.tasks), durable=False)
-            if planned is not None:
-                self._reuse(record, staging, identity)
-
-        try:
-            created = self.runs.create(record, write_tasks)
-        except BaseException:
-            if reserve:
-                self.executor.release(run_id)
-            raise
-        self.keys.update(created)
-        return created
+            with self.turns.outside():
+                self.executor.reserve(reserve, run_id)
+            reserved.append(run_id)
+        return record, workflow, planned
 
     def _load_record(self, run_id: str) -> RunRecord:
         return load_record(self.store, run_id)

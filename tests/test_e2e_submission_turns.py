@@ -1,0 +1,48 @@
+"""End to end: submissions take turns for the server's own work, and a slow model holds up no other one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from e2e_support import E2E_MODEL, git_repo, write_workflow
+
+SLOW_IMPORT_S = 8
+
+
+def test_a_model_slow_to_describe_holds_up_no_other_submission(start_server, client_for, e2e_model, tmp_path: Path):
+    """A submission steps out of its turn while the model's describer imports the model: another model's
+    submission is answered meanwhile, and the slow one is answered once its import ends."""
+    slow_model = git_repo(
+        E2E_MODEL,
+        tmp_path / "slow-model",
+        {"slowimport.py": f"import time\n\ntime.sleep({SLOW_IMPORT_S})\nfrom e2etasks.tasks import Slow  # noqa\n"},
+    )
+    server = start_server()
+    slow_client, quick_client = client_for(server), client_for(server)
+    # Each model's describer warmed up first, so the figure below is the wait behind the slow one, if any.
+    quick_client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow', settings: {units: 1}}}"))
+    answered: list[str] = []
+    failed: list[BaseException] = []
+
+    def submit_slow() -> None:
+        try:
+            workflow = write_workflow(slow_model, "tasks: {a: {type: 'slowimport:Slow', settings: {units: 1}}}")
+            answered.append(slow_client.submit(workflow).run_id)
+        except BaseException as exc:
+            failed.append(exc)
+
+    slow = threading.Thread(target=submit_slow)
+    began = time.monotonic()
+    slow.start()
+    time.sleep(1.0)  # the slow submission is in its describer's import by now
+    quick = quick_client.submit(write_workflow(e2e_model, "tasks: {b: {type: 'e2etasks.tasks:Slow'}}", "b.yaml"))
+    quick_s = time.monotonic() - began
+    assert quick.run_id
+    assert slow.is_alive(), "the slow model's submission was answered before its import could have ended"
+    assert quick_s < SLOW_IMPORT_S - 2, f"another model's submission waited {quick_s:.1f} s behind a slow import"
+    slow.join(timeout=60)
+    assert not failed, failed
+    assert len(answered) == 1 and time.monotonic() - began >= SLOW_IMPORT_S
+    assert {r.run_id for r in quick_client.list_runs()} >= {answered[0], quick.run_id}
