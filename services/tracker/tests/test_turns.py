@@ -3,6 +3,7 @@ turn up."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -99,3 +100,39 @@ def test_a_turn_is_not_taken_twice_by_one_thread() -> None:
     turns = Turns()
     with turns.turn(), pytest.raises(RuntimeError, match="twice"), turns.turn():
         pass
+
+
+def test_a_thread_interrupted_while_it_waits_leaves_the_queue() -> None:
+    """A signal's exception in a waiting thread takes it out of the queue: it does not keep a place that would
+    swallow the turn when it came."""
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise Interrupted
+
+    turns = Turns()
+    holding, give_up = threading.Event(), threading.Event()
+
+    def holds() -> None:
+        with turns.turn():
+            holding.set()
+            give_up.wait(10)
+
+    holder = threading.Thread(target=holds)
+    holder.start()
+    holding.wait(10)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted), turns.turn():  # waits in this (the main) thread, which takes the signal
+            pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not turns._waiting and not turns.holding()
+    give_up.set()
+    holder.join(timeout=10)
+    with turns.turn():  # free again: the interrupted thread's place swallowed nothing
+        assert turns.holding()

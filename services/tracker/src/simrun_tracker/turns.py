@@ -67,13 +67,25 @@ class Turns:
                 self._waiting.appendleft(gate)
             else:
                 self._waiting.append(gate)
-        gate.acquire()  # released by the thread that hands the turn over; `_taken` stays set for this one
+        try:
+            gate.acquire()  # released by the thread that hands the turn over; `_taken` stays set for this one
+        except BaseException:  # interrupted while waiting: out of the queue, or the turn handed on at once
+            with self._mutex:
+                if gate in self._waiting:
+                    self._waiting.remove(gate)
+                else:
+                    self._hand_over()
+            raise
         self._holder.turn = True
 
     def _give_up(self) -> None:
         self._holder.turn = False
         with self._mutex:
-            if self._waiting:
-                self._waiting.popleft().release()
-            else:
-                self._taken = False
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Gives the turn to the first waiting thread, or frees it (under `_mutex`)."""
+        if self._waiting:
+            self._waiting.popleft().release()
+        else:
+            self._taken = False
