@@ -7,14 +7,17 @@
    first with the runs queued behind a holder run (the driver plans, records and queues each, no pod computes),
    then with their pods computing on the same 2 cores as the server and the clients; beside GetIdentity from the
    same clients at once (the floor of any call at that concurrency on this machine, then). Goal: p99 under 100 ms
-   at 10 clients.
+   at 10 clients. On this machine the store's file system bounds it: /tmp is ext4 without a journal, where every
+   new file or folder skips the inodes freed in the last minutes (`recently_deleted`, `find_get_block_common`,
+   `ext4_get_group_desc`, `find_inode_bit` under `ext4_create` and `ext4_mkdir`: 28% of the server's CPU in
+   `perf record` during the timed submissions). `--dir` on a tmpfs shows the same runs without that.
 3. SubmitRun from one client, the driver off, of a model of a few files and of the same model with 5,000 more
    (data files, committed): the median latency of each and their ratio. Goal: flat (a submission reads what it
    needs of a snapshot once, not its whole listing again).
 4. The tracker's CPU (driver, local executor) over an idle period with 0 and with 1,000 queued runs, their pods
    waiting for the one node, which an owner's pod holds. Goal: both under 2% of one core.
 
-    uv run --frozen python benchmarks/tracker_scale.py [--sizes 1000,5000,20000] [--idle-s 20] [--only PART]
+    uv run --frozen python benchmarks/tracker_scale.py [--sizes 1000,5000,20000] [--idle-s 20] [--only PART] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -269,6 +272,21 @@ def idle_with_queue(root: Path, queued: int, seconds: float, settle_s: float = 1
         tracker.close()
 
 
+def file_system(path: Path) -> str:
+    """The type of the file system that holds `path`, from /proc/mounts (the longest mount point above it)."""
+    path = path.resolve()
+    best, kind = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    for line in mounts:
+        fields = line.split()
+        if len(fields) >= 3 and path.is_relative_to(fields[1]) and len(fields[1]) > len(best):
+            best, kind = fields[1], fields[2]
+    return kind
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000,5000,20000")
@@ -276,7 +294,18 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each submission figure (median)")
     parser.add_argument("--only", choices=["list", "submit", "model", "idle"], help="one part only")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the stores go (default: the system's temporary folder); e.g. a tmpfs, to see what the file "
+        "system costs (on this machine /tmp is ext4 without a journal: see the module's docstring)",
+    )
     args = parser.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
+        tempfile.tempdir = str(args.dir)
+    print(f"stores under {tempfile.gettempdir()} ({file_system(Path(tempfile.gettempdir()))})")
     if args.only in (None, "list"):
         print("ListRuns, every page of 50:")
         for size in (int(s) for s in args.sizes.split(",")):
@@ -293,9 +322,13 @@ def main() -> None:
             print(f"  {what}:")
             for clients in (1, 10):
                 figures = []
-                for _ in range(args.repeats):
-                    with tempfile.TemporaryDirectory() as tmp:
-                        figures.append(submit_concurrently(Path(tmp), clients, args.per_client, computing))
+                # The repeats' stores are removed together at the end: on ext4 without a journal, files removed
+                # between repeats would make each later repeat's new files slower to create (see above).
+                with tempfile.TemporaryDirectory() as tmp:
+                    for repeat in range(args.repeats):
+                        root = Path(tmp) / str(repeat)
+                        root.mkdir()
+                        figures.append(submit_concurrently(root, clients, args.per_client, computing))
                 p50, p99, rate, floor50, floor99 = (statistics.median(f[i] for f in figures) for i in range(5))
                 print(
                     f"    {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms"
