@@ -6,7 +6,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from e2e_support import E2E_MODEL, git_repo, write_workflow
+from simrun_tracker import runstore
 
 SLOW_IMPORT_S = 8
 
@@ -46,3 +48,27 @@ def test_a_model_slow_to_describe_holds_up_no_other_submission(start_server, cli
     assert not failed, failed
     assert len(answered) == 1 and time.monotonic() - began >= SLOW_IMPORT_S
     assert {r.run_id for r in quick_client.list_runs()} >= {answered[0], quick.run_id}
+
+
+def test_a_submission_that_fails_after_its_turn_releases_its_node_and_leaves_nothing(
+    start_server, client_for, e2e_model, monkeypatch
+):
+    """The run is fsynced and renamed after the submission's turn: a failure there (a full disk, say) still
+    releases the node it reserved and leaves no run, staged or placed."""
+    server = start_server()
+    client = client_for(server)
+    tracker = server.tracker
+    assert tracker is not None
+
+    def disk_full(path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runstore, "fsync_file", disk_full)
+    with pytest.raises(Exception, match="No space left on device"):
+        client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}\nreserve: node-a"))
+    assert [n.reserved_by for n in tracker.executor.nodes()] == [None]
+    assert client.list_runs() == []
+    assert not any((server.config.store / "runs").iterdir()), "a staged run was left behind"
+    monkeypatch.undo()
+    run = client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}\nreserve: node-a"))
+    assert [n.reserved_by for n in tracker.executor.nodes()] == [run.run_id]

@@ -228,30 +228,32 @@ class RunTracker:
 
     def _submit(self, submission: Submission, identity: Identity) -> RunRecord:
         """Prepares and stages the run in the submission's turn, then makes it durable and visible after it."""
-        reserved: list[str] = []
+        record: RunRecord | None = None
         try:
             with self.turns.turn():
-                record, workflow, planned = self._prepare(submission, identity, reserved)
+                record, workflow, planned = self._prepare(submission, identity)
 
                 def write_tasks(staging: RunLayout) -> None:
+                    assert record is not None
                     self._write_tasks(staging, record, workflow, list(record.tasks), durable=False)
                     if planned is not None:
-                        self._reuse(record, staging, identity)
+                        with self.turns.outside():  # links an earlier run's outputs: as long as they are many
+                            self._reuse(record, staging, identity)
 
                 staging = self.runs.stage(record, write_tasks)
             created = self.runs.place(record, staging)
         except BaseException:
-            if reserved:
-                self.executor.release(reserved[0])
+            if record is not None and record.reservation:  # `_prepare` reserves last: its record means reserved
+                self.executor.release(record.run_id)
             raise
         self.keys.update(created)
         return created
 
     def _prepare(
-        self, submission: Submission, identity: Identity, reserved: list[str]
+        self, submission: Submission, identity: Identity
     ) -> tuple[RunRecord, Workflow, list[PlannedTask] | None]:
         """A submission checked, resolved and planned into the record it will write: the record, its workflow and
-        its planned tasks (None while its environment builds); a node it reserves goes in `reserved`."""
+        its planned tasks (None while its environment builds); the node it names is reserved last."""
         run_id = new_run_id()
         self.guard.check_submission(identity, submission.workflow, 0, 0)  # the text's size, before it is parsed
         workflow = parse_workflow(submission.workflow)
@@ -306,7 +308,6 @@ class RunTracker:
         if reserve:
             with self.turns.outside():
                 self.executor.reserve(reserve, run_id)
-            reserved.append(run_id)
         return record, workflow, planned
 
     def _load_record(self, run_id: str) -> RunRecord:
