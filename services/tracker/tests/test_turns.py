@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from simrun_tracker.turns import Turns
+from simrun_tracker.turns import Turns, stepping_out
 
 
 def wait_until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
@@ -136,3 +136,41 @@ def test_a_thread_interrupted_while_it_waits_leaves_the_queue() -> None:
     holder.join(timeout=10)
     with turns.turn():  # free again: the interrupted thread's place swallowed nothing
         assert turns.holding()
+
+
+def test_a_port_stepped_out_of_is_called_outside_the_turn_and_keeps_its_attributes() -> None:
+    """The driver's ports (`stepping_out`): while one of their methods waits, another thread takes the turn; the
+    port's attributes and errors are its own."""
+    turns = Turns()
+    calling, answer = threading.Event(), threading.Event()
+
+    class Port:
+        ordering = "driver"
+
+        def call(self, value: int) -> int:
+            calling.set()
+            answer.wait(10)
+            return value * 2
+
+        def refuse(self) -> None:
+            raise LookupError("refused")
+
+    port = stepping_out(Port(), turns)
+    assert port.ordering == "driver"
+    result: list[int] = []
+
+    def in_turn() -> None:
+        with turns.turn(first=True):
+            result.append(port.call(21))
+            assert turns.holding()  # back in its turn once the port answered
+
+    thread = threading.Thread(target=in_turn)
+    thread.start()
+    calling.wait(10)
+    with turns.turn():  # taken while the port's call waits
+        answer.set()
+    thread.join(timeout=10)
+    assert result == [42]
+    with turns.turn(), pytest.raises(LookupError, match="refused"):
+        port.refuse()
+    assert not turns.holding()

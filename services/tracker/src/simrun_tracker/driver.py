@@ -47,6 +47,7 @@ from simrun_tracker.executor import (
 from simrun_tracker.pods import coordinator_merges, merge_pod, run_spec, task_pods
 from simrun_tracker.ports import EnvironmentPort, EnvironmentState, LearnerPort
 from simrun_tracker.runstore import RunStore
+from simrun_tracker.turns import Turns, stepping_out
 
 log = logging.getLogger(__name__)
 
@@ -95,14 +96,19 @@ class Driver:
         output_check: Callable[[TaskLayout], str | None] | None = None,
         telemetry: Telemetry | None = None,
         keys: KeyIndex | None = None,
+        turns: Turns | None = None,
     ) -> None:
+        self.turns = turns or Turns()
+        """The submissions' turns (`simrun_tracker.turns`): a step takes one, ahead of the queued submissions, and
+        steps out of it to call the executor, the learner or the planner, to check outputs, and to fsync a final
+        state."""
         self.runs = runs
         self.output_check = output_check or (lambda task: None)
         """Why a succeeded task fails for the size of what it wrote (`Guard.output_failure`), or None."""
         self.telemetry = telemetry or Telemetry.off()
         self.keys = keys
-        self.executor = executor
-        self.learner = learner
+        self.executor = stepping_out(executor, self.turns)
+        self.learner = stepping_out(learner, self.turns)
         self.environments = environments
         self.planner = planner
         self.grace_s = grace_s
@@ -225,7 +231,8 @@ class Driver:
                 return
             self.steps += 1
             try:
-                self._take_step(record)
+                with self.turns.turn(first=True):
+                    self._take_step(record)
             except Exception:
                 # Recording the failure failed too (the record cannot be written, the executor refuses to end the
                 # run): the driver goes on with the other runs and comes back to this one after the longest wait.
@@ -348,7 +355,8 @@ class Driver:
         self.environments.write_run_lock(record.run_id, environment.environment_id)
         self._record_span(record, f"environment {environment.environment_id}", record.created_at, datetime.now(UTC))
         if any(task.plan is None for task in record.tasks.values()):
-            self.planner(record)
+            with self.turns.outside():  # the model's describer runs its code
+                self.planner(record)
         record.state = RunState.QUEUED
         record.message = ""
         if self.executor.ordering == TaskOrdering.ADAPTER:
@@ -423,7 +431,8 @@ class Driver:
 
     def _end_succeeded(self, record: RunRecord, task: TaskRecord, run: RunLayout) -> None:
         """A task whose pods succeeded: done, unless it wrote more than its output bound."""
-        too_large = self.output_check(run.task(task.task_id))
+        with self.turns.outside():  # as long as the task's outputs are many
+            too_large = self.output_check(run.task(task.task_id))
         self._end_task(record, task, TaskState.FAILED if too_large else TaskState.SUCCEEDED, too_large or "")
 
     @staticmethod
@@ -553,7 +562,8 @@ class Driver:
             self.executor.release(record.run_id)
         for key in [k for k in self._merge_seen if k[0] == record.run_id]:
             del self._merge_seen[key]
-        self.runs.save(record)
+        with self.turns.outside():  # a final state is fsynced
+            self.runs.save(record)
         try:
             self.executor.forget(record.run_id)
         except Exception:
@@ -561,4 +571,8 @@ class Driver:
 
     def _save_if_changed(self, record: RunRecord, before: dict[str, object]) -> None:
         if record.model_dump(exclude={"updated_at"}) != before:
-            self.runs.save(record)
+            if record.state.final:
+                with self.turns.outside():  # a final state is fsynced
+                    self.runs.save(record)
+            else:
+                self.runs.save(record)

@@ -156,6 +156,9 @@ class RunTracker:
         self.keys = KeyIndex(store, (index_path or store.index).with_name("task-keys.sqlite"))
         self.snapshot_keys = SnapshotKeys(store)
         self.reader = RunReader(self.runs, executor)
+        self.turns = Turns()
+        """Turns for the server's own work (`simrun_tracker.turns`): submissions in the order they came, the
+        driver's steps ahead of them; each steps out to wait on something else."""
         self.driver = Driver(
             self.runs,
             executor,
@@ -168,10 +171,9 @@ class RunTracker:
             output_check=self.guard.output_failure,
             telemetry=self.telemetry,
             keys=self.keys,
+            turns=self.turns,
         )
         self._request_locks = [threading.Lock() for _ in range(REQUEST_LOCKS)]
-        self.turns = Turns()
-        """Submissions' turns for their own CPU work (`turns`): in the order they came, stepping out to wait."""
         active = self.runs.load(self.keys.rebuild)
         for record in active:
             self._restore_task_files(record)

@@ -1,8 +1,10 @@
-"""Turns: the tracker's submissions do their own CPU work one at a time, in the order they came.
+"""Turns: the tracker's submissions and driver steps do the server's own work one at a time, submissions in the
+order they came and the driver's steps ahead of them.
 
 Ten request threads working at once under the interpreter's lock each take longer than in turn, and the lock
 hands itself to whichever thread wakes, so some wait far longer than others: measured at 10 concurrent clients,
-SubmitRun's p99 fell by 12–19% with turns and its rate rose as much (benchmarks/tracker_scale.py). A submission
+SubmitRun's p99 fell by 12–19% with submissions' turns and its rate rose as much, and by about as much again with
+the driver's steps in turns too (benchmarks/tracker_scale.py). A submission
 steps out of its turn wherever it waits on something else or its work grows with something else (an environment to
 resolve, the model's describer, the learner, an executor, an earlier run's outputs to link) and steps back in ahead
 of those that never had a turn; it fsyncs after its turn. So one slow model, service or disk holds up no other
@@ -11,10 +13,14 @@ submission.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any, TypeVar, cast
+
+PortT = TypeVar("PortT")
 
 
 class Turns:
@@ -29,11 +35,12 @@ class Turns:
         self._holder = threading.local()
 
     @contextmanager
-    def turn(self) -> Iterator[None]:
-        """Waits for this thread's turn behind those that came first, and gives it up at the end."""
+    def turn(self, *, first: bool = False) -> Iterator[None]:
+        """Waits for this thread's turn behind those that came first (`first`: ahead of them, as the driver does),
+        and gives it up at the end."""
         if self.holding():
             raise RuntimeError("a turn taken twice by one thread")
-        self._take(front=False)
+        self._take(front=first)
         try:
             yield
         finally:
@@ -90,3 +97,30 @@ class Turns:
             self._waiting.popleft().release()
         else:
             self._taken = False
+
+
+def stepping_out(port: PortT, turns: Turns) -> PortT:
+    """`port` with each of its methods called outside the caller's turn: a port waits on something else (a
+    cluster's API, a learner service, processes); its attributes are the port's own."""
+    return cast(PortT, _SteppingOut(port, turns))
+
+
+class _SteppingOut:
+    def __init__(self, port: object, turns: Turns) -> None:
+        self._port = port
+        self._turns = turns
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._port, name)
+        if not callable(value):
+            return value
+        return _outside(self._turns, value)
+
+
+def _outside(turns: Turns, function: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with turns.outside():
+            return function(*args, **kwargs)
+
+    return call
