@@ -9,13 +9,7 @@ import time
 
 import pytest
 from simrun_tracker.turns import Turns, stepping_out
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
+from test_executor_contract import eventually as wait_until  # the executor tests' poll
 
 
 def test_turns_go_in_the_order_threads_asked_and_never_two_at_once() -> None:

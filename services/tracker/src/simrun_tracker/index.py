@@ -217,13 +217,13 @@ class RunIndex:
                 return
             try:
                 self._write(rows)
-            except sqlite3.IntegrityError:
+            except (sqlite3.IntegrityError, sqlite3.DataError):
                 # A row's own fault: the others go in one by one, and a bad one is left out (logged), so it cannot
                 # keep every later row out of the index.
                 for index, row in enumerate(rows):
                     try:
                         self._write([row])
-                    except sqlite3.IntegrityError as exc:
+                    except (sqlite3.IntegrityError, sqlite3.DataError) as exc:
                         log.error("run %s left out of the index: %s", row["run_id"], str(exc).splitlines()[0])
                     except BaseException:
                         self._queue_again(rows[index:])
