@@ -63,6 +63,60 @@ def test_concurrent_submissions_of_a_model_get_a_second_describer_and_one_at_a_t
         describer.close()
 
 
+def test_a_burst_of_submissions_waits_for_the_warm_describer_not_for_a_second_ones_imports(tmp_path: Path) -> None:
+    """The second describer of a model warms in the background: while it imports, the burst that asked for it is
+    answered by the first one, which is free again within milliseconds."""
+    (tmp_path / "slowimport.py").write_text(
+        "import os, time\nfrom simrun_runtime.tasktype import TaskSettings, UnsplitTaskType\ntime.sleep(3)\n"
+        "class Settings(TaskSettings):\n    seconds: float = 0.0\n"
+        "class Task(UnsplitTaskType):\n    Settings = Settings\n"
+        "    def cost_value(self, settings):\n        time.sleep(settings.seconds)\n        return str(os.getpid())\n"
+        "    def run(self, settings, context):\n        return {}\n"
+    )
+    describer = SubprocessDescriber(timeout_s=30, confinement=PodConfinement("off"))
+
+    def timed_pid(seconds: float) -> tuple[float, int]:
+        begun = time.monotonic()
+        request = DescribeRequest(type="slowimport:Task", settings={"seconds": seconds})
+        (response,) = describer.describe(sys.executable, tmp_path, [request])
+        assert response.ok, response.error
+        assert response.description is not None
+        return time.monotonic() - begun, int(response.description.cost_value or 0)
+
+    try:
+        first_seconds, first = timed_pid(0)
+        assert first_seconds >= 3  # the model's first describer: its caller waits for the imports
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            burst = list(pool.map(timed_pid, [0.0] * 4))
+        assert {pid for _, pid in burst} == {first}
+        assert max(seconds for seconds, _ in burst) < 2, burst  # none waited for the second one's 3 s import
+        time.sleep(4)  # the second describer has imported the model meanwhile
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            slow = list(pool.map(timed_pid, [0.5] * 4))
+        assert len({pid for _, pid in slow}) == 2 and first in {pid for _, pid in slow}
+        assert max(seconds for seconds, _ in slow) < 2.5, slow
+    finally:
+        describer.close()
+
+
+def test_concurrent_submissions_of_a_model_whose_import_hangs_each_fail_within_the_limit(tmp_path: Path) -> None:
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(600)\n")
+    describer = SubprocessDescriber(timeout_s=2, confinement=PodConfinement("off"))
+
+    def fails_in() -> float:
+        begun = time.monotonic()
+        with pytest.raises(FailedPrecondition, match="no answer within 2 s: does importing the model hang"):
+            describer.describe(sys.executable, tmp_path, [DescribeRequest(type="hangs:Task")])
+        return time.monotonic() - begun
+
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            waits = [pool.submit(fails_in) for _ in range(3)]
+            assert all(wait.result(timeout=30) < 15 for wait in waits)
+    finally:
+        describer.close()
+
+
 @pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
 def test_a_confined_describer_reads_the_library_snapshots_it_is_given_and_no_other(tmp_path: Path) -> None:
     """A model importing a library whose editable install is a finder (setuptools), not a `sys.path` line: the

@@ -51,7 +51,8 @@ class _Process:
 
 class SubprocessDescriber:
     """Keeps long-lived `python -m simrun_runtime.describe --serve` processes per (interpreter, model root): one,
-    and up to `per_model` while submissions of the model come at once.
+    and up to `per_model` while submissions of the model come at once (each further one started in the background,
+    while the burst that asked for it is answered by the warm ones).
 
     A model root is an immutable snapshot, so what a describer imported from it never goes stale; keeping the
     process makes a submission cost a round trip instead of an interpreter start and the model's imports.
@@ -84,17 +85,14 @@ class SubprocessDescriber:
         """The descriptions of `requests`, in order; `libraries` are the run's other snapshots (the folders of the
         model's path dependencies), which the model's imports may read as the run's pods do."""
         for attempt in range(2):
-            key, process = self._claim(interpreter, str(model_root), tuple(str(p) for p in libraries))
+            key, process = self._claim(interpreter, str(model_root), tuple(str(p) for p in libraries), requests)
             try:
                 process.used = time.monotonic()
                 return self._round_trip(process.proc, requests)
             except _NoAnswer:
                 # Not tried again: a model whose import hangs would hang again, long after the client left.
                 self._drop(key, process)
-                raise FailedPrecondition(
-                    f"the model's task types gave no answer within {self._timeout_s:.0f} s: does importing "
-                    f"the model hang? Try `python -c 'import <module>'` in {model_root}"
-                ) from None
+                raise self._no_answer(model_root) from None
             except (BrokenPipeError, OSError, ValueError, EOFError) as exc:
                 self._drop(key, process)
                 if attempt:
@@ -108,21 +106,45 @@ class SubprocessDescriber:
                     self._released.notify_all()
         raise AssertionError("unreachable")
 
-    def _claim(self, interpreter: str, model_root: str, libraries: tuple[str, ...]) -> tuple[_Key, _Process]:
-        """A describer of the model that is free now, held: a second one starts only while the first is busy
-        (concurrent submissions of one model), and with all of them busy the caller waits for whichever is given
-        back first."""
+    def _no_answer(self, model_root: Path | str) -> FailedPrecondition:
+        return FailedPrecondition(
+            f"the model's task types gave no answer within {self._timeout_s:.0f} s: does importing "
+            f"the model hang? Try `python -c 'import <module>'` in {model_root}"
+        )
+
+    def _claim(
+        self, interpreter: str, model_root: str, libraries: tuple[str, ...], requests: list[DescribeRequest]
+    ) -> tuple[_Key, _Process]:
+        """A describer of the model that is free now, held. The model's first describer is started for the caller,
+        which waits for its imports. With every started one busy (concurrent submissions of one model), the next is
+        started warming in the background (`_warm`) and the caller waits for whichever is given back first, which
+        is nearly always a warm one: a burst of submissions does not wait for a second interpreter's imports.
+        A caller waits at most the time limit for one (with every describer stuck, the model's import hangs)."""
+        deadline = time.monotonic() + self._timeout_s
         while True:
             with self._released:
                 seen = self._releases
+            missing = []
             for slot in range(self._per_model):
                 key = (interpreter, model_root, libraries, slot)
-                process = self._process(key)
-                if process.lock.acquire(blocking=False):
+                process = self._running(key)
+                if process is None:
+                    missing.append(key)
+                elif process.lock.acquire(blocking=False):
                     return key, process
+            if len(missing) == self._per_model:  # none of the model's is running: the caller waits for one
+                process = self._start(missing[0])
+                if process is not None:
+                    return missing[0], process
+                continue
+            if missing:
+                self._start_warming(missing[0], requests)
             with self._released:
                 while self._releases == seen:
-                    self._released.wait()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._no_answer(model_root)
+                    self._released.wait(remaining)
 
     def _round_trip(self, proc: subprocess.Popen[str], requests: list[DescribeRequest]) -> list[DescribeResponse]:
         assert proc.stdin is not None and proc.stdout is not None
@@ -138,14 +160,27 @@ class SubprocessDescriber:
             raise EOFError(f"the describer exited with {proc.wait()}")
         return [DescribeResponse.model_validate(item) for item in json.loads(line)]
 
-    def _process(self, key: _Key) -> _Process:
+    def _running(self, key: _Key) -> _Process | None:
+        """The describer of `key` if it is running (one that exited is closed and forgotten)."""
         with self._lock:
             process = self._processes.get(key)
-            if process is not None and process.proc.poll() is None:
+            if process is None:
+                return None
+            if process.proc.poll() is None:
                 self._processes.move_to_end(key)
                 return process
-            if process is not None:
-                _stop(process)  # exited: close its pipes before replacing it
+            del self._processes[key]
+        _stop(process)  # exited: close its pipes before replacing it
+        return None
+
+    def _start(self, key: _Key) -> _Process | None:
+        """Starts the describer of `key`, held by the caller; None when another thread has just started it."""
+        with self._lock:
+            earlier = self._processes.get(key)
+            if earlier is not None and earlier.proc.poll() is None:
+                return None
+            if earlier is not None:
+                _stop(earlier)  # exited: close its pipes before replacing it
             interpreter, model_root, libraries, _ = key
             scratch = Path(tempfile.mkdtemp(prefix="simrun-describe-"))
             command = self._confinement.command(
@@ -168,11 +203,35 @@ class SubprocessDescriber:
                 shutil.rmtree(scratch, ignore_errors=True)
                 raise
             process = _Process(proc, threading.Lock(), time.monotonic(), scratch)
+            process.lock.acquire()
             self._processes[key] = process
             while len(self._processes) > self._max:
                 _, oldest = self._processes.popitem(last=False)
                 _stop(oldest)
             return process
+
+    def _start_warming(self, key: _Key, requests: list[DescribeRequest]) -> None:
+        """Starts the describer of `key`, held, and has a thread make it import the types of `requests` (described
+        without settings: no unit is counted) before it gives it back; one that gives no answer is dropped."""
+        process = self._start(key)
+        if process is None:
+            return
+        types = list(dict.fromkeys((r.type, r.model_root) for r in requests))
+        warm_up = [DescribeRequest(type=name, model_root=root) for name, root in types]
+        threading.Thread(
+            target=self._warm, args=(key, process, warm_up), name="simrun-describe-warm", daemon=True
+        ).start()
+
+    def _warm(self, key: _Key, process: _Process, requests: list[DescribeRequest]) -> None:
+        try:
+            self._round_trip(process.proc, requests)
+        except (_NoAnswer, BrokenPipeError, OSError, ValueError, EOFError):
+            self._drop(key, process)
+        finally:
+            process.lock.release()
+            with self._released:
+                self._releases += 1
+                self._released.notify_all()
 
     def _drop(self, key: _Key, process: _Process) -> None:
         with self._lock:
