@@ -139,10 +139,12 @@ class Huge(SplitTaskType):
 
 class WriteSettings(TaskSettings):
     mib: int = 1
+    pause_s: float = 0.0
+    """Seconds between two MiB: a task that fills the disk slowly, long before it ends."""
 
 
 class Writer(UnsplitTaskType):
-    """Writes `mib` MiB of output."""
+    """Writes `mib` MiB of output, `pause_s` apart."""
 
     Settings = WriteSettings
     outputs = ("blob",)
@@ -151,6 +153,8 @@ class Writer(UnsplitTaskType):
         with open(context.outputs["blob"] / "blob", "wb") as f:
             for _ in range(settings.mib):
                 f.write(os.urandom(1 << 20))
+                f.flush()
+                time.sleep(settings.pause_s)
         return {"mib": settings.mib}
 
 

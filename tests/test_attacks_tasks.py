@@ -18,7 +18,7 @@ import pytest
 from attack_model import ATTACKS, FORGED_REPORTS
 from e2e_support import E2E_MODEL, git_repo, wait_final, write_workflow
 from simrun.v1 import common_pb2
-from simrun_core.config import Limits, ReadPolicy
+from simrun_core.config import DriverConfig, Limits, ReadPolicy
 from simrun_core.errors import InvalidArgument, NotFound, PermissionDenied
 from simrun_runtime.confine import landlock_abi
 from simrun_runtime.layout import StoreLayout
@@ -196,6 +196,29 @@ def test_a_task_past_its_output_bound_fails_with_a_message(machine: Machine, att
     run = wait_final(agent, agent.submit(workflow).run_id)
     assert run.state == common_pb2.RUN_STATE_FAILED
     assert "more than the 1048576 it may (limits.output_bytes_per_task)" in run.message
+
+
+def test_a_task_that_fills_the_disk_is_stopped_while_it_runs(machine: Machine, attacker_model: Path) -> None:
+    """It would write 400 MiB over more than 20 s, then end: measured while it runs, it is stopped soon after it
+    passes its 4 MiB bound, and what it wrote is gone with its attempt."""
+    server = machine.start(limits=Limits(output_bytes_per_task=4 << 20), driver=DriverConfig(output_check_s=0.5))
+    agent = machine.client(server, "agent")
+    text = "name: w\ntasks:\n  w:\n    type: e2etasks.attacks:Writer\n    settings: {mib: 400, pause_s: 0.05}\n"
+    begun = time.monotonic()
+    run = wait_final(agent, agent.submit(write_workflow(attacker_model, text)).run_id)
+    assert time.monotonic() - begun < 15
+    assert run.state == common_pb2.RUN_STATE_FAILED
+    assert re.fullmatch(
+        r"task w failed: the task wrote \d+ bytes of output, more than the 4194304 it may "
+        r"\(limits.output_bytes_per_task\)",
+        run.message,
+    ), run.message
+    task = machine.home / "store" / "runs" / run.run_id / "tasks" / "w"
+    deadline = time.monotonic() + 15
+    while "exited with exit code 143: failed; stopped" not in (task / "logs" / "w0.log").read_text():
+        assert time.monotonic() < deadline, (task / "logs" / "w0.log").read_text()
+        time.sleep(0.1)
+    assert sum(p.stat().st_size for p in task.rglob("*") if p.is_file()) < 1 << 20
 
 
 @pytest.mark.parametrize("evade", [False, True])

@@ -18,7 +18,7 @@ from simrun_core.errors import InvalidArgument, Unavailable
 from simrun_core.identity import Priority
 from simrun_core.resources import ObservationKey, ResolvedResources, SplitMode
 from simrun_planner import Node, plan_task
-from simrun_runtime.layout import StoreLayout
+from simrun_runtime.layout import StoreLayout, TaskLayout
 from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord, TaskState
 from simrun_tracker.driver import Driver
 from simrun_tracker.executor import TaskOrdering
@@ -145,7 +145,10 @@ def make_world(tmp_path: Path) -> Iterator[Callable[..., World]]:
     made: list[World] = []
 
     def make(
-        executor: FakeExecutor | None = None, merge_wait_s: float = 5.0, config: DriverConfig | None = None
+        executor: FakeExecutor | None = None,
+        merge_wait_s: float = 5.0,
+        config: DriverConfig | None = None,
+        output_check: Callable[[TaskLayout], str | None] | None = None,
     ) -> World:
         runs = RunStore(StoreLayout(tmp_path / "store"))
         executor = executor or FakeExecutor(list(NODES))
@@ -165,6 +168,7 @@ def make_world(tmp_path: Path) -> Iterator[Callable[..., World]]:
             grace_s=1,
             merge_wait_s=merge_wait_s,
             config=config or DriverConfig(backoff_initial_s=0.05, backoff_max_s=0.2, give_up_s=30, tick_s=0.5),
+            output_check=output_check,
         )
         world = World(runs, executor, learner, environments, driver, planned)
         driver.recover(runs.load())
@@ -227,6 +231,28 @@ def test_a_merge_pod_that_wrote_no_marker_fails_the_task(make_world) -> None:
     world.executor.exit("r1", "scan", "merge")
     record = world.until(lambda r: r.state.final)
     assert record.message == "task scan failed: the merge pod succeeded but wrote no merge marker"
+
+
+def test_a_running_task_past_its_output_bound_has_its_pods_stopped_and_fails_the_run(make_world) -> None:
+    written = {"bytes": 0}
+    measured: list[float] = []
+
+    def output_check(task: TaskLayout) -> str | None:
+        measured.append(time.monotonic())
+        return f"the task wrote {written['bytes']} bytes" if written["bytes"] > 100 else None
+
+    config = DriverConfig(tick_s=30, output_check_s=0.2)
+    world = make_world(config=config, output_check=output_check)
+    world.submit(task("scan", split=True))
+    world.until(running)
+    time.sleep(0.7)
+    assert world.state("r1").state == RunState.RUNNING and len(measured) >= 2  # measured while it runs, on a timer
+    written["bytes"] = 101
+    record = world.until(lambda r: r.state.final)
+    assert record.state == RunState.FAILED
+    assert record.tasks["scan"].state == TaskState.FAILED
+    assert record.message == "task scan failed: the task wrote 101 bytes"
+    assert world.executor.calls.get("stop_pods", 0) >= 1 and world.executor.pods("r1") == []
 
 
 def test_a_learner_that_fails_does_not_fail_the_run(make_world) -> None:

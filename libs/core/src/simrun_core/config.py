@@ -192,6 +192,13 @@ class DriverConfig(BaseModel):
         description="Seconds between two visits of a run nothing woke: a safety net, since pod changes, "
         "submissions and cancellations wake the driver and it sets timers for what it awaits.",
     )
+    output_check_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between two measurements of a running task's folder against "
+        "limits.output_bytes_per_task (at least 20 times what the last one took); a task past it fails, its pods "
+        "stopped. A task that writes fast may pass the bound by what it writes in that time.",
+    )
     safety_visits_per_tick: int = Field(
         default=200,
         gt=0,

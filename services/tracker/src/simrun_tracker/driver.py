@@ -104,7 +104,8 @@ class Driver:
         state."""
         self.runs = runs
         self.output_check = output_check or (lambda task: None)
-        """Why a succeeded task fails for the size of what it wrote (`Guard.output_failure`), or None."""
+        """Why a task fails for the size of what it wrote (`Guard.output_failure`), or None: measured when its pods
+        succeeded and, while it runs, every `config.output_check_s`."""
         self.telemetry = telemetry or Telemetry.off()
         self.keys = keys
         self.executor = stepping_out(executor, self.turns)
@@ -121,6 +122,8 @@ class Driver:
         self._timers: list[tuple[float, str]] = []
         self._backoff: dict[str, _Backoff] = {}
         self._merge_seen: dict[tuple[str, str], float] = {}
+        self._output_due: dict[tuple[str, str], float] = {}
+        """When each running task's folder is measured next against its output bound (`_check_running_output`)."""
         self._task_spans: dict[tuple[str, str], Span] = {}
         """The span of each task whose pods this driver started, ended with the task (lost on a restart)."""
         self._thread: threading.Thread | None = None
@@ -406,6 +409,8 @@ class Driver:
         if any(p.phase == PodPhase.RUNNING for p in pods) and task.state == TaskState.QUEUED:
             task.state = TaskState.RUNNING
             task.started_at = datetime.now(UTC)
+        if coordinator.phase == PodPhase.RUNNING and task.state == TaskState.RUNNING:
+            return self._check_running_output(record, task, run)
         if coordinator.phase == PodPhase.SUCCEEDED:
             if not task.split:
                 self._end_succeeded(record, task, run)
@@ -428,6 +433,27 @@ class Driver:
         elif coordinator.phase == PodPhase.FAILED:
             self._end_task(record, task, TaskState.FAILED, self._failure_message(run, task, coordinator))
         return None
+
+    def _check_running_output(self, record: RunRecord, task: TaskRecord, run: RunLayout) -> float:
+        """Measures a running task's folder against its output bound every `output_check_s` (and at least 20 times
+        what the last measurement took, so a task of many files costs the driver at most a twentieth of its time):
+        a task past it has its pods stopped and fails, so no task fills the disk before it ends. Returns the seconds
+        until the next measurement."""
+        key = (record.run_id, task.task_id)
+        now = time.monotonic()
+        due = self._output_due.setdefault(key, now + self.config.output_check_s)
+        if now < due:
+            return due - now
+        with self.turns.outside():  # as long as the task's outputs are many
+            too_large = self.output_check(run.task(task.task_id))
+        took = time.monotonic() - now
+        if too_large:
+            self.executor.stop_pods(record.run_id, task.task_id)
+            self._end_task(record, task, TaskState.FAILED, too_large)
+            return 0.0
+        wait = max(self.config.output_check_s, 20 * took)
+        self._output_due[key] = time.monotonic() + wait
+        return wait
 
     def _end_succeeded(self, record: RunRecord, task: TaskRecord, run: RunLayout) -> None:
         """A task whose pods succeeded: done, unless it wrote more than its output bound."""
@@ -467,6 +493,7 @@ class Driver:
         task.message = message
         task.ended_at = datetime.now(UTC)
         self._merge_seen.pop((record.run_id, task.task_id), None)
+        self._output_due.pop((record.run_id, task.task_id), None)
         self._end_task_span(record, task)
         try:
             self.learner.record_reports(record, task.task_id, state == TaskState.SUCCEEDED)
@@ -560,8 +587,9 @@ class Driver:
         record.ended_at = datetime.now(UTC)
         if record.reservation:
             self.executor.release(record.run_id)
-        for key in [k for k in self._merge_seen if k[0] == record.run_id]:
-            del self._merge_seen[key]
+        for seen in (self._merge_seen, self._output_due):
+            for key in [k for k in seen if k[0] == record.run_id]:
+                del seen[key]
         with self.turns.outside():  # a final state is fsynced
             self.runs.save(record)
         try:
