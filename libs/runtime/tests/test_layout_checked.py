@@ -13,6 +13,7 @@ from simrun_runtime.layout import (
     NAME,
     RUN_ID,
     TASK_ID,
+    StoreLayout,
     TaskLayout,
     UnsafePath,
     checked,
@@ -94,3 +95,25 @@ def test_an_atomic_write_never_writes_through_a_link_planted_at_its_temporary_na
     planted.write_text("left by a writer that died")
     write_json_atomic(target, {"units": 4})
     assert json.loads(target.read_text()) == {"units": 4}
+
+
+def test_a_store_resolves_a_snapshot_folder_once_and_a_missing_one_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tmp_path / "disk" / "snapshots"
+    (real / "model" / "abc").mkdir(parents=True)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "snapshots").symlink_to(real)
+    store = StoreLayout(tmp_path / "store")
+    assert store.resolved("snapshots/model/abc") == (real / "model" / "abc").resolve()
+    assert store.resolved("snapshots/model/later") == (real / "model" / "later").resolve()
+    expected = (real / "model" / "abc").resolve()
+    calls: list[str] = []
+    lstat = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda path, *a, **k: calls.append(str(path)) or lstat(path, *a, **k))
+    assert store.resolved("snapshots/model/abc") == expected
+    assert calls == []  # a folder that exists is resolved once
+    (real / "model" / "later").mkdir()
+    assert store.resolved("snapshots/model/later") == (real / "model" / "later").resolve()
+    assert calls  # one that did not exist was not remembered
+    assert store == StoreLayout(tmp_path / "store") and hash(store) == hash(StoreLayout(tmp_path / "store"))

@@ -7,7 +7,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 RUN_RECORD = "run.json"
@@ -295,11 +295,29 @@ class RunLayout:
         return StoreLayout(self.root.parent.parent)
 
 
+RESOLVED_KEPT = 4096
+"""Resolved folders a store layout remembers (`StoreLayout.resolved`); past it, it starts again."""
+
+
 @dataclass(frozen=True)
 class StoreLayout:
     """The run store: `runs/` and `snapshots/` under one root."""
 
     root: Path
+    _resolved: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def resolved(self, path: str) -> Path:
+        """`root/path` with its links resolved (`Path.resolve`), remembered once it is a folder: a snapshot's
+        folder never moves, and resolving makes a system call per component, three times per submission."""
+        known = self._resolved.get(path)
+        if known is not None:
+            return known
+        resolved = (self.root / path).resolve()
+        if resolved.is_dir():
+            if len(self._resolved) >= RESOLVED_KEPT:
+                self._resolved.clear()
+            self._resolved[path] = resolved
+        return resolved
 
     @property
     def runs(self) -> Path:

@@ -65,7 +65,7 @@ class SnapshotRef(BaseModel):
     provenance: Provenance = Field(default_factory=Provenance)
 
     def resolve(self, store: StoreLayout) -> Path:
-        return (store.root / self.path).resolve()
+        return store.resolved(self.path)
 
 
 class Identity(BaseModel):
