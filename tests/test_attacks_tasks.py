@@ -65,6 +65,19 @@ def results_of(store: StoreLayout, run_id: str) -> list[str]:
     return [r for unit in summary["units"] for r in unit] + summary["merge"]
 
 
+def test_pods_compute_at_a_niceness_below_the_server_s(machine: Machine, attacker_model: Path) -> None:
+    """Units, merge and command alike run niced (`executor.local.pod_nice`, 10 by default): a task that takes
+    every core leaves the server, its clients and the machine's other programs the CPU they ask for."""
+    server = machine.start()
+    agent = machine.client(server, "agent")
+    run = wait_final(agent, agent.submit(probe_workflow(attacker_model, [["nice", ""]], split=True)).run_id)
+    assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+    expected = f"nice:{min(19, os.nice(0) + 10)}"  # niceness adds to the server's own (this test's)
+    assert results_of(StoreLayout(machine.home / "store"), run.run_id) == [expected] * 3
+    log = machine.home / "store" / "runs" / run.run_id / "tasks" / "probe" / "logs" / "w0.log"
+    assert ", nice 10, " in log.read_text().splitlines()[0]
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["command", "units-and-merge"])
 def test_a_task_cannot_read_or_write_what_is_not_its_own(
     machine: Machine, owner_model: Path, attacker_model: Path, split: bool

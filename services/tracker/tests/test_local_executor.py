@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -463,6 +464,32 @@ def test_config_lists_nodes_or_defaults_to_this_machine(pods: Pods) -> None:
     with LocalExecutor.from_config(local, pods.box, pods.launch) as executor:
         assert [n.name for n in executor.nodes()] == ["a", "b"]
         assert executor.cgroup_version is None
+
+
+@pytest.mark.parametrize(
+    "cgroups",
+    [False, pytest.param(True, marks=pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups here"))],
+    ids=["watchdog", "cgroup"],
+)
+@pytest.mark.parametrize("niceness", [0, 7])
+def test_a_pod_starts_at_the_configured_niceness(make_executor, pods: Pods, niceness: int, cgroups: bool) -> None:
+    executor = make_executor(pod_nice=niceness, cgroup_root="auto" if cgroups else None)
+    report = pods.box / "niceness"
+    spec = pods.spec(
+        "nice", command=[sys.executable, "-c", f"import os; open({str(report)!r}, 'w').write(str(os.nice(0)))"]
+    )
+    executor.start_pods([spec])
+    wait_for(phase_is(executor, spec, PodPhase.SUCCEEDED))
+    assert int(report.read_text()) == min(19, os.nice(0) + niceness)
+    assert f", nice {niceness}, " in pods.log(spec).read_text().splitlines()[0]
+
+
+def test_a_niceness_out_of_range_is_refused(pods: Pods) -> None:
+    with pytest.raises(InvalidArgument, match="pod_nice must be from 0 to 19, not 20"):
+        LocalExecutor(pods.box, pods.launch, [Node("n1", cores=1, memory_gb=1.0)], cgroup_root=None, pod_nice=20)
+    with pytest.raises(ValueError, match="pod_nice"):
+        ServerConfig.model_validate({"executor": {"local": {"pod_nice": -1}}})
+    assert ServerConfig().executor.local.pod_nice == 10
 
 
 @pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups on this machine")

@@ -155,6 +155,13 @@ class LocalExecutorConfig(BaseModel):
         description="Bytes an attempt of a pod may print (stdout and stderr, its log); past it the pod is killed, "
         "its log cut back to this, and its task fails with a message.",
     )
+    pod_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="The niceness pods run at, so the server, its clients and this machine's other programs keep "
+        "the cores they need while runs compute on them; 0: the server's own.",
+    )
 
     @field_validator("nodes")
     @classmethod

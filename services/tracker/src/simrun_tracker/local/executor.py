@@ -73,6 +73,21 @@ Launcher = Callable[[PodSpec], list[str]]
 _ENTER_CGROUP = 'echo $$ > "$0" && exec "$@"'
 
 
+def _nice_prefix(niceness: int) -> list[str]:
+    """The command words that start a pod at `niceness`: none for 0, else `nice -n N` (niceness is inherited
+    through exec, so no byte of user code runs at the server's own)."""
+    if not 0 <= niceness <= 19:
+        raise InvalidArgument(f"pod_nice must be from 0 to 19, not {niceness}")
+    if niceness == 0:
+        return []
+    nice = shutil.which("nice")
+    if nice is None:
+        raise InvalidArgument(
+            "pods are niced but this machine has no `nice` command: install coreutils or set executor.local.pod_nice: 0"
+        )
+    return [nice, "-n", str(niceness)]
+
+
 def gib(value: float) -> str:
     """GiB for a message: `3`, `1.5`, `0.375`."""
     return f"{round(value, 3):g}"
@@ -123,6 +138,11 @@ class LocalExecutor:
         pod_variables: more of the server's environment variables that reach pods (the allow-list's extension).
         log_bytes: what an attempt of a pod may print; past it, checked with the memory watchdog's samples, the
             pod is killed, its log cut back to the bound and it fails (not retried) with a message.
+        pod_nice: the niceness pods start at (0 to 19): pods compute on the cores the server and its clients
+            answer from, and a niced pod takes only what they leave. 0 leaves the server's own.
+
+    Raises:
+        InvalidArgument: no node, nodes of one name, or a niceness out of range or without the `nice` command.
     """
 
     ordering = TaskOrdering.DRIVER
@@ -137,6 +157,7 @@ class LocalExecutor:
         confinement: PodConfinement | None = None,
         pod_variables: list[str] | None = None,
         log_bytes: int = 1 << 30,
+        pod_nice: int = 0,
     ) -> None:
         self._nodes = list(nodes) if nodes is not None else default_nodes()
         if not self._nodes:
@@ -150,6 +171,8 @@ class LocalExecutor:
         self._confinement = confinement or PodConfinement()
         self._pod_variables = list(pod_variables or [])
         self._log_bytes = log_bytes
+        self._nice = _nice_prefix(pod_nice)
+        self._niceness = pod_nice
         self._scratch_root = Path(tempfile.mkdtemp(prefix=f"simrun-scratch-{self.executor_id}-"))
         self._listeners: list[ChangeListener] = []
         self._history: dict[tuple[str, str, str], PodHistory] = {}
@@ -195,6 +218,7 @@ class LocalExecutor:
             confinement=PodConfinement(config.confinement),
             pod_variables=config.pod_variables,
             log_bytes=config.log_bytes_per_pod,
+            pod_nice=config.pod_nice,
         )
 
     @property
@@ -504,7 +528,7 @@ class LocalExecutor:
                 pod.scratch,
                 pod.cgroup.path if pod.cgroup is not None else None,
             )
-            command = self._confinement.command(command[0], command, paths)
+            command = [*self._nice, *self._confinement.command(command[0], command, paths)]
             if pod.cgroup is not None:
                 command = ["/bin/sh", "-c", _ENTER_CGROUP, str(pod.cgroup.procs_file), *command]
             with os.fdopen(open_log(run.task(spec.task_id), spec.worker), "ab") as log:
@@ -513,7 +537,8 @@ class LocalExecutor:
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
                     f"memory limit {gib(status.memory_gb)} GiB "
                     f"({gib(spec.per_process_gb(status.memory_gb, processes))} GiB per process, {limit_by}), "
-                    f"cores {spec.cores}, {self._confinement.describe()}, {_now()} ===\n".encode()
+                    f"cores {spec.cores}, nice {self._niceness}, {self._confinement.describe()}, "
+                    f"{_now()} ===\n".encode()
                 )
                 log.flush()
                 pod.log_fd, pod.log_start = os.dup(log.fileno()), log.tell()
