@@ -3,11 +3,14 @@
 1. ListRuns, every page of 50, through a real gRPC server, at 1,000 / 5,000 / 20,000 recorded runs, beside one
    GetIdentity round trip per page (the floor of a call). Goal: linear in the runs, under 1 s at 5,000.
 2. SubmitRun latency (p50, p99) and submissions per second with 1 and 10 concurrent clients (each a process of its
-   own), the driver on:
-   first with the runs queued behind a holder run (the driver plans, records and queues each, no pod computes),
-   then with their pods computing on the same 2 cores as the server and the clients; the clients first submit a few
-   runs together (the warm-up: what a first burst starts once, a model's second describer, is not timed); beside
-   GetIdentity from the same clients at once (the floor of any call at that concurrency on this machine, then).
+   own), the driver on, under three loads:
+   queued: the runs wait behind a holder run (the driver plans, records and queues each, no pod computes);
+   computing: their pods compute on the same 2 cores as the server and the clients (reuse off, so each does);
+   reused: a first run has computed the workflow, so every submission reuses its results and ends at once, while
+   the runs of that key pile up (an agent sending the same experiment again and again).
+   The clients first submit a few runs together (the warm-up: what a first burst starts once, a model's second
+   describer, is not timed); beside GetIdentity from the same clients at once (the floor of any call at that
+   concurrency on this machine, then).
    Goal: p99 under 100 ms at 10 clients. On this machine the store's file system bounds it: /tmp is ext4 without
    a journal, where every new file or folder skips the inodes freed in the last minutes (`recently_deleted`,
    `find_get_block_common`, `ext4_get_group_desc`, `find_inode_bit` under `ext4_create` and `ext4_mkdir`: 28% of
@@ -17,6 +20,9 @@
    needs of a snapshot once, not its whole listing again).
 4. The tracker's CPU (driver, local executor) over an idle period with 0 and with 1,000 queued runs, their pods
    waiting for the one node, which an owner's pod holds. Goal: both under 2% of one core.
+5. Finding the result to reuse for a task's key as the ended runs of that key pile up (10, 1,000, 10,000, 100,000
+   rows in the task key index, the newest run's outputs whole), beside the same with one earlier run: the median
+   of a find and the ratio. Goal: flat (a find reads the newest rows, not the key's whole history).
 
     uv run --frozen python benchmarks/tracker_scale.py [--sizes 1000,5000,20000] [--idle-s 20] [--only PART] [--dir DIR]
 """
@@ -32,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -43,7 +50,9 @@ from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tr
 from simrun_client.client import Client
 from simrun_client.snapshots import upload_snapshot
 from simrun_core.config import ServerConfig
-from simrun_core.identity import Priority
+from simrun_core.identity import Identity as CoreIdentity
+from simrun_core.identity import IdentityKind, Priority
+from simrun_core.key_index import KeyIndex
 from simrun_core.resources import ResolvedResources, SplitMode
 from simrun_core.rpc.auth import bearer_metadata
 from simrun_core.rpc.serving import settle_heap
@@ -51,7 +60,7 @@ from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_gateway.embedded import start_embedded
 from simrun_planner import Node, plan_task
 from simrun_runtime.layout import StoreLayout
-from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord
+from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord, TaskState
 from simrun_tracker.describer import SubprocessDescriber
 from simrun_tracker.executor import PodRole, PodSpec
 from simrun_tracker.local import LocalExecutor
@@ -123,20 +132,21 @@ def load_config(root: Path) -> ServerConfig:
 
 
 def submit_concurrently(
-    root: Path, clients: int, per_client: int, computing: bool
+    root: Path, clients: int, per_client: int, load: str
 ) -> tuple[float, float, float, float, float]:
     """SubmitRun latencies (p50, p99) and submissions per second, the driver on; then the p50 and p99 of GetIdentity
-    from the same clients at once (the floor of a call at that concurrency on this machine, now). Unless `computing`,
+    from the same clients at once (the floor of a call at that concurrency on this machine, now). Under "queued",
     a holder run first takes the node's cores with units that sleep, so the driver plans, records and queues every
     submitted run's pod (the tracker's whole work) while no pod computes on the cores the server and its clients
-    share."""
+    share ("queued"); "computing" turns reuse off, so every run's pod computes; "reused" first runs the workflow
+    once, so every submission reuses it (see the module's docstring)."""
     server = start_embedded(load_config(root))
     settle_heap()  # as `simrun server` does once started (`serve`)
     try:
         model = model_repo(root / "model")
         with Client(server.address, TOKEN) as client:
             snapshot = snapshot_to_proto(upload_snapshot(model, client.channel).snapshot)
-        if not computing:
+        if load == "queued":
             holder = "tasks:\n  hold:\n    type: e2etasks.tasks:Slow\n    settings: {units: 2, seconds: 600}\n"
             with Client(server.address, TOKEN) as client:
                 stub = tracker_pb2_grpc.RunTrackerServiceStub(client.channel)
@@ -148,7 +158,16 @@ def submit_concurrently(
                     assert time.monotonic() < deadline, "the holder run did not start"
                     time.sleep(0.1)
         workflow = "tasks:\n  scan:\n    type: e2etasks.tasks:Slow\n    settings: {units: 2, seconds: 0.01}\n"
-        request = tracker_pb2.SubmitRunRequest(workflow=workflow, snapshots=[snapshot])
+        reuse = common_pb2.REUSE_POLICY_NEVER if load == "computing" else common_pb2.REUSE_POLICY_UNSPECIFIED
+        request = tracker_pb2.SubmitRunRequest(workflow=workflow, snapshots=[snapshot], reuse=reuse)
+        if load == "reused":
+            with Client(server.address, TOKEN) as client:
+                stub = tracker_pb2_grpc.RunTrackerServiceStub(client.channel)
+                first = stub.SubmitRun(request, metadata=bearer_metadata(TOKEN)).run.run_id
+                deadline = time.monotonic() + 60
+                while client.get_run(first).state != common_pb2.RUN_STATE_SUCCEEDED:
+                    assert time.monotonic() < deadline, "the run to reuse did not succeed"
+                    time.sleep(0.1)
         # Each client is a process of its own, as agents are: client threads in the server's process would share
         # its interpreter lock and count the clients' work as the server's.
         context = multiprocessing.get_context("spawn")
@@ -302,13 +321,45 @@ def file_system(path: Path) -> str:
     return kind
 
 
+def find_with_history(root: Path, earlier: int, finds: int = 300) -> float:
+    """The median seconds of a task key index find (in its SQLite file, as the tracker keeps it) for a key that
+    `earlier` ended runs had, the newest of which has its outputs whole on disk; records come from memory, as the
+    tracker's run store gives them."""
+    store = StoreLayout(root / "store")
+    store.runs.mkdir(parents=True)
+    index = KeyIndex(store, root / "task-keys.sqlite")
+    owner = Identity(name="bench", kind="owner", priority=Priority.OWNER.value)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    records = {}
+    for number in range(earlier):
+        run_id = f"run-{number:07d}"
+        task = TaskRecord(task_id="scan", type="m:Scan", split=True, units=10, state=TaskState.SUCCEEDED, key="k")
+        task.ended_at = start + timedelta(seconds=number)
+        records[run_id] = RunRecord(run_id=run_id, identity=owner, state=RunState.SUCCEEDED, tasks={"scan": task})
+    index.rebuild(records.values())
+    newest = store.run(f"run-{earlier - 1:07d}").task("scan")
+    (newest.out_port("samples")).mkdir(parents=True)
+    (newest.out_port("samples") / "a.bin").write_bytes(b"\x00")
+    newest.summary.write_text("{}")
+    newest.merge_marker.write_text("")
+    caller = CoreIdentity("bench", IdentityKind.OWNER, Priority.OWNER)
+    times = []
+    for _ in range(finds):
+        began = time.perf_counter()
+        found = index.find("k", caller, load=records.get)
+        times.append(time.perf_counter() - began)
+        assert found is not None and found.run_id == f"run-{earlier - 1:07d}", found
+    index.close()
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000,5000,20000")
     parser.add_argument("--per-client", type=int, default=40)
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each submission figure (median)")
-    parser.add_argument("--only", choices=["list", "submit", "model", "idle"], help="one part only")
+    parser.add_argument("--only", choices=["list", "submit", "model", "idle", "reuse"], help="one part only")
     parser.add_argument(
         "--dir",
         type=Path,
@@ -332,8 +383,11 @@ def main() -> None:
             )
     if args.only in (None, "submit"):
         print("SubmitRun with the driver on:")
-        for computing in (False, True):
-            what = "the runs' pods computing on the same 2 cores" if computing else "the runs queued behind a holder"
+        for load, what in (
+            ("queued", "the runs queued behind a holder"),
+            ("computing", "the runs' pods computing on the same 2 cores (reuse off)"),
+            ("reused", "every run reusing an earlier run's results"),
+        ):
             print(f"  {what}:")
             for clients in (1, 10):
                 figures = []
@@ -343,7 +397,7 @@ def main() -> None:
                     for repeat in range(args.repeats):
                         root = Path(tmp) / str(repeat)
                         root.mkdir()
-                        figures.append(submit_concurrently(root, clients, args.per_client, computing))
+                        figures.append(submit_concurrently(root, clients, args.per_client, load))
                 p50, p99, rate, floor50, floor99 = (statistics.median(f[i] for f in figures) for i in range(5))
                 print(
                     f"    {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms"
@@ -368,6 +422,17 @@ def main() -> None:
         for queued in (0, 1000):
             with tempfile.TemporaryDirectory() as tmp:
                 print(f"  {queued:5d} queued runs: {idle_with_queue(Path(tmp), queued, args.idle_s):5.2f}%")
+    if args.only in (None, "reuse"):
+        print("finding the result to reuse for a key, as its ended runs pile up (median of a find):")
+        with tempfile.TemporaryDirectory() as tmp:
+            alone = find_with_history(Path(tmp) / "alone", 1)
+        for earlier in (10, 1000, 10_000, 100_000):
+            with tempfile.TemporaryDirectory() as tmp:
+                seconds = find_with_history(Path(tmp), earlier)
+            print(
+                f"  {earlier:7d} earlier runs: {seconds * 1e6:7.1f} us; with one: {alone * 1e6:7.1f} us;"
+                f" ratio {seconds / alone:5.2f} (goal: flat)"
+            )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -348,3 +349,77 @@ def test_the_servers_own_python_is_keyed_by_what_is_installed_in_it(monkeypatch)
         reuse.server_environment_digest.cache_clear()
     assert after["scan"] != before["scan"] and after["fit"] != before["fit"]
     assert keys(tasks, env="env-1") == keys(tasks, env="env-1") != before  # a built environment's id is its content
+
+
+def keyed_record(run_id: str, who: Identity, ended_at: datetime, state: TaskState = TaskState.SUCCEEDED) -> RunRecord:
+    task = TaskRecord(task_id="scan", type="m:Scan", split=True, units=10, state=state, key="k", ended_at=ended_at)
+    return RunRecord(run_id=run_id, identity=record_identity(who), state=RunState.SUCCEEDED, tasks={"scan": task})
+
+
+def test_a_key_of_a_long_history_is_found_reading_only_its_newest_rows(tmp_path):
+    """The index is read a page at a time, newest first: a key that 500 runs had costs one query and one record
+    when the newest holds; older pages are read only while the newer rows are misses, and rows of one time (ties)
+    are each read once, none skipped."""
+    store = StoreLayout(tmp_path)
+    index = KeyIndex(store)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    records = {f"r{n:03d}": keyed_record(f"r{n:03d}", BOB, start + timedelta(seconds=n)) for n in range(500)}
+    # 100 more ended at one instant, older than all of those: only the last of them in the index's order holds.
+    records |= {f"t{n:03d}": keyed_record(f"t{n:03d}", BOB, start - timedelta(days=1)) for n in range(100)}
+    index.rebuild(records.values())
+    loads: list[str] = []
+    selects: list[str] = []
+    index._db.set_trace_callback(
+        lambda statement: selects.append(statement) if statement.startswith("SELECT") else None
+    )
+
+    def load(run_id: str) -> RunRecord:
+        loads.append(run_id)
+        return records[run_id]
+
+    def holds(*run_ids: str) -> None:
+        for path in store.runs.iterdir() if store.runs.exists() else []:
+            for item in sorted(path.rglob("*"), reverse=True):
+                item.unlink() if item.is_file() else item.rmdir()
+            path.rmdir()
+        for run_id in run_ids:
+            finished_outputs(store.run(run_id).task("scan"))
+
+    holds("r499", "r100")
+    assert index.find("k", BOB, load=load) == ReuseSource("r499", "scan")
+    assert (loads, len(selects)) == (["r499"], 1)
+    # The newest 60 lost their outputs: their pages are read and each is a miss, then the next that holds wins.
+    holds("r439", "r100")
+    loads.clear()
+    selects.clear()
+    assert index.find("k", BOB, load=load) == ReuseSource("r439", "scan")
+    assert loads == [f"r{n:03d}" for n in range(499, 438, -1)]
+    assert len(selects) == 4  # pages of 16: 61 rows
+    # Among rows of one time, order is by run (newest name first), each read once until the last one holds.
+    holds("t000")
+    loads.clear()
+    assert index.find("k", BOB, load=load) == ReuseSource("t000", "scan")
+    assert loads == [f"r{n:03d}" for n in range(499, -1, -1)] + [f"t{n:03d}" for n in range(99, -1, -1)]
+    # Resumed, its run comes first whatever its age; excluded, a run is never read.
+    holds("t050", "r499")
+    loads.clear()
+    assert index.find("k", BOB, resume_from="t050", load=load) == ReuseSource("t050", "scan")
+    assert loads == ["t050"]
+    loads.clear()
+    assert index.find("k", BOB, exclude_run="r499", load=load) == ReuseSource("t050", "scan")
+    assert "r499" not in loads
+    index.close()
+
+
+def test_a_succeeded_result_anywhere_beats_a_newer_failed_task_s_units(tmp_path):
+    store = StoreLayout(tmp_path)
+    save_run(store, "r1-done", BOB, TaskState.SUCCEEDED)
+    save_run(store, "r2-failed", BOB, TaskState.FAILED, outputs=False, units=[1, 2])
+    index = KeyIndex(store)
+    index.rebuild(all_records(store))
+    assert index.find("k-scan", BOB) == ReuseSource("r1-done", "scan")
+    assert index.find("k-scan", BOB, resume_from="r2-failed") == ReuseSource("r1-done", "scan")
+    assert index.find("k-scan", BOB, ReusePolicy.SAME_RUN, resume_from="r2-failed") == ReuseSource(
+        "r2-failed", "scan", [1, 2]
+    )
+    index.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +31,19 @@ CREATE TABLE IF NOT EXISTS task_keys (
     ended_at TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, task_id)
 );
-CREATE INDEX IF NOT EXISTS task_keys_by_key ON task_keys (key, ended_at);
+DROP INDEX IF EXISTS task_keys_by_key;
+CREATE INDEX IF NOT EXISTS task_keys_by_key_newest ON task_keys (key, state, ended_at, run_id, task_id);
 """
 
+PAGE_ROWS = 16
+"""Candidates read from the index at a time, newest first: the newest usable one nearly always comes first, so a
+key that a thousand earlier runs had costs what a key of one run does."""
 
-_REUSABLE_STATES = (TaskState.SUCCEEDED.value, TaskState.FAILED.value, TaskState.CANCELLED.value)
+
+_SUCCEEDED = (TaskState.SUCCEEDED.value,)
+_PARTIAL = (TaskState.FAILED.value, TaskState.CANCELLED.value)
+"""A split task that ended so may give the units it did."""
+_REUSABLE_STATES = _SUCCEEDED + _PARTIAL
 
 
 @dataclass(frozen=True)
@@ -113,37 +121,84 @@ class KeyIndex:
         """
         if policy is ReusePolicy.NEVER or (policy is ReusePolicy.SAME_RUN and not resume_from):
             return None
-        # Only ended tasks can be reused: the runs still under way with the same key (often many) are not read.
-        query = "SELECT run_id, task_id, state, split FROM task_keys WHERE key = ? AND state IN (?, ?, ?)"
-        parameters: tuple[str, ...] = (key, *_REUSABLE_STATES)
         person = reusable_principal(caller, read_policy)
-        if person is not None:
-            query += " AND principal = ?"
-            parameters += (person,)
-        with self._lock:
-            rows = self._db.execute(query + " ORDER BY ended_at DESC", parameters).fetchall()
-        candidates = [row for row in rows if row[0] != exclude_run]
-        if policy is ReusePolicy.SAME_RUN:
-            candidates = [row for row in candidates if row[0] == resume_from]
-        elif resume_from:
-            candidates.sort(key=lambda row: row[0] != resume_from)  # stable: the resumed run first
+        only = resume_from if policy is ReusePolicy.SAME_RUN else None
         load = load or self._load
-        partial: ReuseSource | None = None
-        for run_id, task_id, state, split in candidates:
-            if state not in _REUSABLE_STATES:
-                continue
-            record = load(run_id)
-            task = record.tasks.get(task_id) if record is not None else None
-            if record is None or task is None or task.key != key or not may_reuse(caller, record.identity, read_policy):
-                continue
-            layout = self._store.run(run_id).task(task_id)
-            if task.state is TaskState.SUCCEEDED and outputs_complete(layout):
-                return ReuseSource(run_id, task_id)
-            if partial is None and split and task.state in (TaskState.FAILED, TaskState.CANCELLED):
-                units = done_units(layout)
-                if units:
-                    partial = ReuseSource(run_id, task_id, units)
-        return partial
+        # Only ended tasks can be reused: the runs still under way with the same key (often many) are not read.
+        # Succeeded tasks first, newest first (the resumed run's before all others): the first whose record and
+        # outputs hold wins; only without one does a failed or cancelled split task's done units count.
+        for states, split_only in ((_SUCCEEDED, False), (_PARTIAL, True)):
+            for run_id, task_id in self._candidates(key, states, split_only, person, resume_from, only, exclude_run):
+                record = load(run_id)
+                task = record.tasks.get(task_id) if record is not None else None
+                if (
+                    record is None
+                    or task is None
+                    or task.key != key
+                    or task.state.value not in states
+                    or not may_reuse(caller, record.identity, read_policy)
+                ):
+                    continue
+                layout = self._store.run(run_id).task(task_id)
+                if not split_only and outputs_complete(layout):
+                    return ReuseSource(run_id, task_id)
+                if split_only and task.split:
+                    units = done_units(layout)
+                    if units:
+                        return ReuseSource(run_id, task_id, units)
+        return None
+
+    def _candidates(
+        self,
+        key: str,
+        states: tuple[str, ...],
+        split_only: bool,
+        person: str | None,
+        resume_from: str | None,
+        only: str | None,
+        exclude_run: str | None,
+    ) -> Iterator[tuple[str, str]]:
+        """The (run, task) rows of `key` in `states`, the rows of `resume_from` first, then the others newest
+        first; read a page at a time, each under the lock, so a long history is read only as far as it is used.
+
+        A page starts after the last row of the one before (by `ended_at`, run and task), so rows written
+        meanwhile shift nothing: a newer row is not seen, an older one is read in its place."""
+        where = f"key = ? AND state IN ({', '.join('?' * len(states))})"
+        parameters: tuple[object, ...] = (key, *states)
+        if split_only:
+            where += " AND split = 1"
+        if person is not None:
+            where += " AND principal = ?"
+            parameters += (person,)
+        if exclude_run:
+            where += " AND run_id != ?"
+            parameters += (exclude_run,)
+        columns = "SELECT run_id, task_id, ended_at FROM task_keys WHERE "
+        if resume_from:
+            with self._lock:
+                rows = self._db.execute(
+                    columns + where + " AND run_id = ? ORDER BY ended_at DESC, task_id DESC", (*parameters, resume_from)
+                ).fetchall()
+            yield from ((run_id, task_id) for run_id, task_id, _ in rows)
+            if only:
+                return
+            where += " AND run_id != ?"
+            parameters += (resume_from,)
+        order = " ORDER BY ended_at DESC, run_id DESC, task_id DESC LIMIT ?"
+        after: tuple[str, str, str] | None = None
+        while True:
+            with self._lock:
+                if after is None:
+                    rows = self._db.execute(columns + where + order, (*parameters, PAGE_ROWS)).fetchall()
+                else:
+                    rows = self._db.execute(
+                        columns + where + " AND (ended_at, run_id, task_id) < (?, ?, ?)" + order,
+                        (*parameters, after[2], after[0], after[1], PAGE_ROWS),
+                    ).fetchall()
+            yield from ((run_id, task_id) for run_id, task_id, _ in rows)
+            if len(rows) < PAGE_ROWS:
+                return
+            after = rows[-1]
 
     def _load(self, run_id: str) -> RunRecord | None:
         try:

@@ -183,9 +183,10 @@ def find_sources(
     request: ReuseRequest,
     caller: Identity,
     read_policy: ReadPolicy | None = None,
+    load: Callable[[str], RunRecord | None] | None = None,
 ) -> dict[str, ReuseSource]:
     """The earlier task each of the run's tasks would reuse, from runs `caller` may read (tasks without one are
-    left out)."""
+    left out); `load` gives an earlier run's record (None: none), by default from its file."""
     sources = {}
     for task in record.tasks.values():
         if not task.key or task.task_id in request.rerun:
@@ -196,6 +197,7 @@ def find_sources(
             request.policy,
             resume_from=request.resume_from or None,
             exclude_run=record.run_id,
+            load=load,
             read_policy=read_policy,
         )
         if source is not None and (not source.partial or task.split):

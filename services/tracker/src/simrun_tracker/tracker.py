@@ -315,6 +315,14 @@ class RunTracker:
     def _load_record(self, run_id: str) -> RunRecord:
         return load_record(self.store, run_id)
 
+    def _earlier_record(self, run_id: str) -> RunRecord | None:
+        """An earlier run's record for reuse, as the run store keeps it (a final one is read from its file once),
+        or None where it has none that loads (read only: a final record is shared)."""
+        try:
+            return self.runs.get(run_id)
+        except (NotFound, OSError, ValueError):
+            return None
+
     def _set_keys(self, record: RunRecord, planned: list[PlannedTask]) -> None:
         for task_id, key in keys_of(self.snapshot_keys, record, planned).items():
             record.tasks[task_id].key = key
@@ -322,7 +330,9 @@ class RunTracker:
     def _reuse(self, record: RunRecord, run: RunLayout, identity: Identity | RecordIdentity) -> None:
         """Puts in `run` the earlier results its tasks' keys find (a reused task is SUCCEEDED before it starts)."""
         request = ReuseRequest(ReusePolicy(record.reuse), record.resume_from or "", tuple(record.rerun))
-        sources = find_sources(record, self.keys, request, caller_identity(identity), self.guard.policy)
+        sources = find_sources(
+            record, self.keys, request, caller_identity(identity), self.guard.policy, self._earlier_record
+        )
         if not sources:
             return
         apply_reuse(record, run, self.store, sources)
@@ -442,7 +452,7 @@ class RunTracker:
             environment=environment.environment_id,
         )
         self._set_keys(record, planned)
-        sources = find_sources(record, self.keys, reuse, identity, self.guard.policy)
+        sources = find_sources(record, self.keys, reuse, identity, self.guard.policy, self._earlier_record)
         estimates = []
         for task in planned:
             source = sources.get(task.task_id)
