@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS task_keys (
     PRIMARY KEY (run_id, task_id)
 );
 DROP INDEX IF EXISTS task_keys_by_key;
-CREATE INDEX IF NOT EXISTS task_keys_by_key_newest ON task_keys (key, state, ended_at, run_id, task_id);
+CREATE INDEX IF NOT EXISTS task_keys_by_key_newest ON task_keys (key, ended_at, run_id, task_id);
 """
 
 PAGE_ROWS = 16
@@ -161,8 +161,8 @@ class KeyIndex:
         """The (run, task) rows of `key` in `states`, the rows of `resume_from` first, then the others newest
         first; read a page at a time, each under the lock, so a long history is read only as far as it is used.
 
-        A page starts after the last row of the one before (by `ended_at`, run and task), so rows written
-        meanwhile shift nothing: a newer row is not seen, an older one is read in its place."""
+        A page starts after the last row of the one before (by `ended_at`, run and task: the index's order, so
+        no page is sorted), so a row written meanwhile neither shifts nor repeats one."""
         where = f"key = ? AND state IN ({', '.join('?' * len(states))})"
         parameters: tuple[object, ...] = (key, *states)
         if split_only:
@@ -176,8 +176,10 @@ class KeyIndex:
         columns = "SELECT run_id, task_id, ended_at FROM task_keys WHERE "
         if resume_from:
             with self._lock:
+                # `+key`: found by the run (the primary key), not among every row of the key.
                 rows = self._db.execute(
-                    columns + where + " AND run_id = ? ORDER BY ended_at DESC, task_id DESC", (*parameters, resume_from)
+                    columns + "+" + where + " AND run_id = ? ORDER BY ended_at DESC, task_id DESC",
+                    (*parameters, resume_from),
                 ).fetchall()
             yield from ((run_id, task_id) for run_id, task_id, _ in rows)
             if only:
