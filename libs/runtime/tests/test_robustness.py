@@ -259,7 +259,13 @@ def test_faults_at_100000_units_lose_nothing_and_change_nothing(pods: Any, helpe
     task = run.task("tiny")
     reader = ProgressReader(task.progress)
     started = {w: pods.start(pods.env(run, "tiny", w, grace_s=1)) for w in ("w0", "w1", "w2")}
-    helpers.wait_for(lambda: reader.units_done() > 10_000, timeout=60, message="10,000 units done")
+    # Every worker under way (its heartbeat made) before the faults: on a loaded machine one still importing could
+    # otherwise be killed holding nothing, with no heartbeat to age.
+    helpers.wait_for(
+        lambda: reader.units_done() > 10_000 and all(task.units.heartbeat(w).exists() for w in started),
+        timeout=60,
+        message="10,000 units done and every worker under way",
+    )
     os.killpg(started["w1"].pid, signal.SIGKILL)
     os.killpg(started["w2"].pid, signal.SIGTERM)
     assert helpers.finish(started["w2"], timeout=10)[0] == 143
