@@ -75,7 +75,7 @@ def test_pods_compute_at_a_niceness_below_the_server_s(machine: Machine, attacke
     expected = f"nice:{min(19, os.nice(0) + 10)}"  # niceness adds to the server's own (this test's)
     assert results_of(StoreLayout(machine.home / "store"), run.run_id) == [expected] * 3
     log = machine.home / "store" / "runs" / run.run_id / "tasks" / "probe" / "logs" / "w0.log"
-    assert ", nice 10, " in log.read_text().splitlines()[0]
+    assert ", nice +10, " in log.read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["command", "units-and-merge"])

@@ -481,7 +481,7 @@ def test_a_pod_starts_at_the_configured_niceness(make_executor, pods: Pods, nice
     executor.start_pods([spec])
     wait_for(phase_is(executor, spec, PodPhase.SUCCEEDED))
     assert int(report.read_text()) == min(19, os.nice(0) + niceness)
-    assert f", nice {niceness}, " in pods.log(spec).read_text().splitlines()[0]
+    assert f", nice +{niceness}, " in pods.log(spec).read_text().splitlines()[0]
 
 
 def test_a_niceness_out_of_range_is_refused(pods: Pods) -> None:

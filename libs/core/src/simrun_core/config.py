@@ -159,8 +159,8 @@ class LocalExecutorConfig(BaseModel):
         default=10,
         ge=0,
         le=19,
-        description="The niceness pods run at, so the server, its clients and this machine's other programs keep "
-        "the cores they need while runs compute on them; 0: the server's own.",
+        description="The niceness pods run at above the server's, so the server, its clients and this machine's "
+        "other programs keep the cores they need while runs compute on them; 0: the server's own.",
     )
 
     @field_validator("nodes")

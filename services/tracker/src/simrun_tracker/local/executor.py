@@ -138,8 +138,8 @@ class LocalExecutor:
         pod_variables: more of the server's environment variables that reach pods (the allow-list's extension).
         log_bytes: what an attempt of a pod may print; past it, checked with the memory watchdog's samples, the
             pod is killed, its log cut back to the bound and it fails (not retried) with a message.
-        pod_nice: the niceness pods start at (0 to 19): pods compute on the cores the server and its clients
-            answer from, and a niced pod takes only what they leave. 0 leaves the server's own.
+        pod_nice: the niceness pods start at above the server's own (0 to 19): pods compute on the cores the
+            server and its clients answer from, and a niced pod takes only what they leave. 0: the server's own.
 
     Raises:
         InvalidArgument: no node, nodes of one name, or a niceness out of range or without the `nice` command.
@@ -537,7 +537,7 @@ class LocalExecutor:
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
                     f"memory limit {gib(status.memory_gb)} GiB "
                     f"({gib(spec.per_process_gb(status.memory_gb, processes))} GiB per process, {limit_by}), "
-                    f"cores {spec.cores}, nice {self._niceness}, {self._confinement.describe()}, "
+                    f"cores {spec.cores}, nice +{self._niceness}, {self._confinement.describe()}, "
                     f"{_now()} ===\n".encode()
                 )
                 log.flush()
