@@ -164,10 +164,8 @@ def submit_concurrently(
             with Client(server.address, TOKEN) as client:
                 stub = tracker_pb2_grpc.RunTrackerServiceStub(client.channel)
                 first = stub.SubmitRun(request, metadata=bearer_metadata(TOKEN)).run.run_id
-                deadline = time.monotonic() + 60
-                while client.get_run(first).state != common_pb2.RUN_STATE_SUCCEEDED:
-                    assert time.monotonic() < deadline, "the run to reuse did not succeed"
-                    time.sleep(0.1)
+                ended = client.wait(first, timeout_s=60)
+                assert ended.state == common_pb2.RUN_STATE_SUCCEEDED, f"the run to reuse did not succeed: {ended}"
         # Each client is a process of its own, as agents are: client threads in the server's process would share
         # its interpreter lock and count the clients' work as the server's.
         context = multiprocessing.get_context("spawn")
