@@ -54,6 +54,16 @@ def attempt(action: str, path: str) -> str:
             return "env:" + json.dumps(sorted(os.environ))
         if action == "nice":
             return f"nice:{os.nice(0)}"
+        if action == "processes":
+            # Every process this one sees in /proc, with its command line (None where it cannot be read).
+            seen: dict[str, str | None] = {}
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    try:
+                        seen[entry] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\\0", b" ").decode()
+                    except OSError:
+                        seen[entry] = None
+            return "processes:" + json.dumps({"own": os.getpid(), "seen": seen})
         if action == "symlink":
             link, target = path.split("|")
             Path(link).parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,6 +79,32 @@ def test_pods_compute_at_a_niceness_below_the_server_s(machine: Machine, attacke
     assert results_of(StoreLayout(machine.home / "store"), run.run_id) == [expected] * 3
     log = machine.home / "store" / "runs" / run.run_id / "tasks" / "probe" / "logs" / "w0.log"
     assert ", nice +10, " in log.read_text().splitlines()[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private /proc needs root: a user namespace does not own the PIDs")
+def test_a_task_sees_no_process_but_its_own(machine: Machine, attacker_model: Path) -> None:
+    """A pod's /proc lists only its own processes: not the server (this process), not another account's or run's
+    process, whose command lines (a token, a path, a run's settings) were readable by every pod before."""
+    marker = f"victim-{uuid.uuid4().hex}"
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
+    try:
+        server = machine.start()
+        agent = machine.client(server, "agent")
+        run = wait_final(agent, agent.submit(probe_workflow(attacker_model, [["processes", ""]], split=True)).run_id)
+        assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+        results = results_of(StoreLayout(machine.home / "store"), run.run_id)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert len(results) == 3  # two units and the merge
+    for result in results:
+        assert result.startswith("processes:"), result
+        probe = json.loads(result.removeprefix("processes:"))
+        seen = probe["seen"]
+        assert str(probe["own"]) in seen  # its own processes stay visible (the runtime measures its pool so)
+        assert str(os.getpid()) not in seen and str(victim.pid) not in seen and "1" not in seen, seen
+        assert not any(marker in (line or "") for line in seen.values()), seen
+        assert all("simrun_runtime" in (line or "") for line in seen.values()), seen  # the pod's, nothing else
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["command", "units-and-merge"])

@@ -123,6 +123,27 @@ def test_processes_outside_the_domain_cannot_be_signalled_or_inspected(tmp_path:
         victim.wait()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private /proc needs root: a user namespace does not own the PIDs")
+def test_proc_lists_only_the_processes_of_the_domain(tmp_path: Path) -> None:
+    """Another process's command line and status were readable by every pod (no ptrace check guards them)."""
+    victim = subprocess.Popen(["sleep", "30.5"])
+    try:
+        script = (
+            "import os, subprocess\n"
+            "child = subprocess.Popen(['sleep', '29.5'])\n"
+            "seen = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+            "print(seen == sorted([os.getpid(), child.pid]), open(f'/proc/{child.pid}/cmdline').read())\n"
+            f"print(os.path.exists('/proc/{victim.pid}'), os.path.exists('/proc/1'), os.path.exists('/proc/meminfo'))\n"
+            "child.kill()\n"
+        )
+        result = confined(tmp_path, script, read=[], write=[])
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split("\n")[:2] == ["True sleep\x0029.5\x00", "False False True"], result.stdout
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 def test_the_interpreter_keeps_its_installation(tmp_path: Path) -> None:
     result = confined(tmp_path, "import json, ctypes, multiprocessing; print('imports ok')", read=[], write=[])
     assert result.stdout.strip() == "imports ok", result.stderr

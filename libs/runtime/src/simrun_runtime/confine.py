@@ -55,7 +55,8 @@ _MS_REC = 16384
 _MS_PRIVATE = 1 << 18
 _KEEP_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
 SHARED_MEMORY = "/dev/shm"
-_LEFT_WRITABLE = ("/proc", SHARED_MEMORY)
+PROC = "/proc"
+_LEFT_WRITABLE = (PROC, SHARED_MEMORY)
 """Mounts the read-only view keeps as they are: /proc (Landlock already refuses writes there) and /dev/shm (a
 private tmpfs replaces it)."""
 
@@ -324,6 +325,22 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
         raise ConfineError(f"mounting a private {SHARED_MEMORY}: {os.strerror(ctypes.get_errno())}")
 
 
+def private_proc() -> None:
+    """Mounts, in the pod's mount namespace (`read_only_view`), a /proc of its own that lists only the processes
+    it may ptrace, which Landlock refuses across domains: the shared one let a pod read every other process's
+    command line and status (the server's, other runs' pods, every account's), which need no ptrace right. Only
+    root can: a user namespace of the pod's own does not own the PID namespace.
+
+    Raises:
+        ConfineError: the mount is refused (a container that masks parts of its /proc, a kernel before 5.8).
+    """
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    if libc.mount(b"proc", PROC.encode(), b"proc", flags, ctypes.c_char_p(b"hidepid=ptraceable")) != 0:
+        raise ConfineError(f"mounting a private {PROC}: {os.strerror(ctypes.get_errno())}")
+
+
 def _mounts() -> list[tuple[str, set[str]]]:
     """The mount points of this namespace with their options, parents before children."""
     found = []
@@ -372,6 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if os.geteuid() == 0:
             read_only_view(args.write)
+            try:
+                private_proc()
+            except ConfineError as exc:
+                print(f"{PROG}: no private /proc ({exc}): the pod sees every process's command line", file=sys.stderr)
         else:
             try:
                 read_only_view(args.write, user_namespace=True)
