@@ -423,3 +423,20 @@ def test_a_succeeded_result_anywhere_beats_a_newer_failed_task_s_units(tmp_path)
         "r2-failed", "scan", [1, 2]
     )
     index.close()
+
+
+def test_a_run_s_unchanged_rows_are_not_written_again(tmp_path):
+    """A run whose tasks all ended at submission (reused) is updated again when it ends, with the same rows: that
+    update reads them and writes nothing; a changed row is written."""
+    index = KeyIndex(StoreLayout(tmp_path))
+    record = keyed_record("r1", BOB, datetime(2026, 1, 1, tzinfo=UTC))
+    index.update(record)
+    written = index._db.total_changes
+    index.update(record)
+    assert index._db.total_changes == written
+    record.tasks["scan"].key = "k2"
+    index.update(record)
+    assert index._db.total_changes > written
+    rows = index._db.execute("SELECT key FROM task_keys WHERE run_id = 'r1'").fetchall()
+    assert rows == [("k2",)]
+    index.close()
