@@ -54,6 +54,12 @@ def attempt(action: str, path: str) -> str:
             return "env:" + json.dumps(sorted(os.environ))
         if action == "nice":
             return f"nice:{os.nice(0)}"
+        if action == "connect":
+            import socket
+
+            host, port = path.rsplit(":", 1)
+            socket.create_connection((host, int(port)), timeout=5).close()
+            return "connected"
         if action == "processes":
             # Every process this one sees in /proc, with its command line (None where it cannot be read).
             seen: dict[str, str | None] = {}

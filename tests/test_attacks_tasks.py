@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pytest
 from attack_model import ATTACKS, FORGED_REPORTS
 from e2e_support import E2E_MODEL, git_repo, wait_final, write_workflow
 from simrun.v1 import common_pb2
-from simrun_core.config import DriverConfig, Limits, ReadPolicy
+from simrun_core.config import DriverConfig, ExecutorConfig, Limits, LocalExecutorConfig, ReadPolicy
 from simrun_core.errors import InvalidArgument, NotFound, PermissionDenied
 from simrun_runtime.confine import landlock_abi
 from simrun_runtime.layout import StoreLayout
@@ -105,6 +106,36 @@ def test_a_task_sees_no_process_but_its_own(machine: Machine, attacker_model: Pa
         assert str(os.getpid()) not in seen and str(victim.pid) not in seen and "1" not in seen, seen
         assert not any(marker in (line or "") for line in seen.values()), seen
         assert all("simrun_runtime" in (line or "") for line in seen.values()), seen  # the pod's, nothing else
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="an isolated network needs confined pods")
+def test_pods_without_network_reach_no_address_but_their_own(machine: Machine, attacker_model: Path) -> None:
+    """`executor.local.pod_network: false`: a task cannot reach this machine's services (the server's own API
+    here) nor another machine; with the default it can, which is what the setting is for."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    local_service = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        for network in (True, False):
+            home = machine.tmp_path / f"network-{network}"
+            machine.tokens.clear()  # the owner's token of this server
+            server = machine.start(
+                executor=ExecutorConfig(local=LocalExecutorConfig(pod_network=network)), home=home, store=home / "store"
+            )
+            owner = machine.client(server, "owner")
+            attacks = [["connect", server.address], ["connect", local_service]]
+            run = wait_final(owner, owner.submit(probe_workflow(attacker_model, attacks, split=True)).run_id)
+            assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+            results = results_of(StoreLayout(home / "store"), run.run_id)
+            if network:
+                assert set(results) == {"connected"}, results
+            else:
+                assert set(results) == {"refused:ConnectionRefusedError"}, results
+                log = home / "store" / "runs" / run.run_id / "tasks" / "probe" / "logs" / "w0.log"
+                assert ", no network" in log.read_text().splitlines()[0]
+    finally:
+        listener.close()
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["command", "units-and-merge"])

@@ -6,6 +6,7 @@ import errno
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -142,6 +143,28 @@ def test_proc_lists_only_the_processes_of_the_domain(tmp_path: Path) -> None:
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_without_network_only_the_command_s_own_loopback_answers(tmp_path: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    script = (
+        "import socket\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=5); print('reached')\n"
+        "except OSError as e: print(type(e).__name__)\n"
+        "own = socket.socket(); own.bind(('127.0.0.1', 0)); own.listen()\n"
+        "socket.create_connection(own.getsockname(), timeout=5); print('own loopback')\n"
+    )
+    try:
+        for flags, reached in (([], "reached"), (["--no-network"], "ConnectionRefusedError")):
+            command = [sys.executable, "-m", "simrun_runtime.confine", *flags, "--", sys.executable, "-c", script]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.split() == [reached, "own", "loopback"], (flags, result.stdout, result.stderr)
+    finally:
+        listener.close()
 
 
 def test_the_interpreter_keeps_its_installation(tmp_path: Path) -> None:

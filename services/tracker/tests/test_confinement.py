@@ -123,3 +123,17 @@ def test_folders_under_dev_shm_are_refused_while_pods_are_confined_even_through_
             check_visible_to_pods("auto", {"the store": folder})
         check_visible_to_pods("off", {"the store": folder})  # unconfined pods share the server's /dev/shm
     check_visible_to_pods("landlock", {"the store": tmp_path / "store-elsewhere", "environments": Path("/dev/shmx")})
+
+
+def test_pods_without_network_need_confinement() -> None:
+    with pytest.raises(RuntimeError, match="pod_network: false needs confined pods"):
+        PodConfinement("off", network=False)
+
+
+@pytest.mark.skipif(landlock_abi() < 1, reason="this kernel has no Landlock")
+def test_a_pod_without_network_is_launched_so_and_its_log_says_it() -> None:
+    confinement = PodConfinement("landlock", network=False)
+    command = confinement.command(sys.executable, [sys.executable, "-c", "pass"], PodPaths((), ()))
+    assert command[3] == "--no-network" and command[-3:] == [sys.executable, "-c", "pass"]
+    assert confinement.describe().endswith(", no network")
+    assert "--no-network" not in PodConfinement("landlock").command(sys.executable, ["true"], PodPaths((), ()))

@@ -162,6 +162,12 @@ class LocalExecutorConfig(BaseModel):
         description="The niceness pods run at above the server's, so the server, its clients and this machine's "
         "other programs keep the cores they need while runs compute on them; 0: the server's own.",
     )
+    pod_network: bool = Field(
+        default=True,
+        description="Whether pods (and the describer) reach the network: this machine's other services, the "
+        "server's own API, other machines. false: each in a network namespace of its own with only its loopback "
+        "(needs confined pods).",
+    )
 
     @field_validator("nodes")
     @classmethod

@@ -23,8 +23,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import fcntl
 import glob
 import os
+import socket
+import struct
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +47,9 @@ _PR_CAP_AMBIENT = 47
 _PR_CAP_AMBIENT_CLEAR_ALL = 4
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP_LOOPBACK_RUNNING = 0x1 | 0x8 | 0x40
 _CAPABILITY_VERSION_3 = 0x20080522
 _MS_RDONLY = 1
 _MS_NOSUID = 2
@@ -207,9 +213,13 @@ def launcher_command(
     write: Iterable[Path | str],
     interpreter: str | None = None,
     umask: int | None = None,
+    network: bool = True,
 ) -> list[str]:
-    """`command` run by this launcher with these paths (`python -I <LAUNCHER> --read … --write … -- command`)."""
+    """`command` run by this launcher with these paths (`python -I <LAUNCHER> --read … --write … -- command`);
+    `network=False`: in a network namespace of its own (`isolate_network`)."""
     launcher = [interpreter or sys.executable, "-I", LAUNCHER]
+    if not network:
+        launcher.append("--no-network")
     for path in read:
         launcher += ["--read", str(path)]
     for path in write:
@@ -341,6 +351,24 @@ def private_proc() -> None:
         raise ConfineError(f"mounting a private {PROC}: {os.strerror(ctypes.get_errno())}")
 
 
+def isolate_network() -> None:
+    """A network namespace of the pod's own, with only its loopback (up): the pod reaches no address outside it,
+    neither this machine's other services (the server's own API among them) nor another machine, and its own
+    processes still talk over 127.0.0.1. Called after `read_only_view`, whose user namespace (for a server that is
+    not root) holds the right to make it.
+
+    Raises:
+        ConfineError: the namespace cannot be made, or its loopback not brought up.
+    """
+    if _libc().unshare(_CLONE_NEWNET) != 0:
+        raise ConfineError(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as control:
+        try:
+            fcntl.ioctl(control, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", _IFF_UP_LOOPBACK_RUNNING))
+        except OSError as exc:
+            raise ConfineError(f"bringing the pod's loopback up: {exc.strerror}") from None
+
+
 def _mounts() -> list[tuple[str, set[str]]]:
     """The mount points of this namespace with their options, parents before children."""
     found = []
@@ -381,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--read", action="append", default=[], type=Path, help="a path the command may read")
     parser.add_argument("--write", action="append", default=[], type=Path, help="a path the command may write")
     parser.add_argument("--umask", type=lambda s: int(s, 8), default=0o077, help="the command's umask (octal)")
+    parser.add_argument("--no-network", action="store_true", help="a network namespace of its own: its loopback only")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -402,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{PROG}: no read-only view ({exc}): the pod may change the modes of its user's files",
                     file=sys.stderr,
                 )
+        if args.no_network:
+            isolate_network()
         apply(Rules.for_pod(args.read, args.write))
         drop_capabilities()
     except ConfineError as exc:

@@ -97,7 +97,9 @@ def build_tracker(
         store,
         build_executor(config, store, environments_port),
         port,
-        SubprocessDescriber(confinement=PodConfinement(config.executor.local.confinement)),
+        SubprocessDescriber(
+            confinement=PodConfinement(config.executor.local.confinement, network=config.executor.local.pod_network)
+        ),
         environments_port,
         environments_port,
         grace_s=config.grace_s,

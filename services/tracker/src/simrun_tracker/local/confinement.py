@@ -106,13 +106,21 @@ class PodConfinement:
     Args:
         mode: `auto` confines with Landlock where the kernel has it and warns once where it does not;
             `landlock` refuses to start without it; `off` runs pods unconfined (a warning says so).
+        network: whether pods reach the network; False puts each in a network namespace of its own with only its
+            loopback (`simrun_runtime.confine.isolate_network`), which only a confined pod can be given.
     """
 
-    def __init__(self, mode: ConfinementMode | str = ConfinementMode.AUTO) -> None:
+    def __init__(self, mode: ConfinementMode | str = ConfinementMode.AUTO, *, network: bool = True) -> None:
         self.mode = ConfinementMode(mode)
+        self.network = network
         self.abi = landlock_abi() if self.mode is not ConfinementMode.OFF else 0
         if self.mode is ConfinementMode.LANDLOCK and self.abi < 1:
             raise RuntimeError("confinement: landlock is configured but this kernel has no Landlock (Linux 5.13+)")
+        if not network and self.abi < 1:
+            raise RuntimeError(
+                "executor.local.pod_network: false needs confined pods (confinement auto or landlock, on Linux "
+                "5.13+ with Landlock): set pod_network: true or turn confinement on"
+            )
         if self.mode is ConfinementMode.OFF:
             log.warning("confinement is off: pods run with the server's rights and can read and write the store")
         elif self.abi < 1:
@@ -128,7 +136,9 @@ class PodConfinement:
 
     def describe(self) -> str:
         """One line for the server's start and the pod logs."""
-        return f"landlock ABI {self.abi}" if self.confining else "unconfined"
+        if not self.confining:
+            return "unconfined"
+        return f"landlock ABI {self.abi}" + ("" if self.network else ", no network")
 
     def command(self, interpreter: str, command: list[str], paths: PodPaths) -> list[str]:
         """`command` run by the Landlock launcher with the pod's paths, or `command` unconfined.
@@ -138,7 +148,7 @@ class PodConfinement:
         """
         if not self.confining:
             return list(command)
-        launcher = [interpreter, "-I", LAUNCHER]
+        launcher = [interpreter, "-I", LAUNCHER, *([] if self.network else ["--no-network"])]
         for path in paths.read:
             launcher += ["--read", str(path)]
         for path in paths.write:

@@ -215,7 +215,7 @@ class LocalExecutor:
             nodes=configured_nodes(config.nodes),
             cgroup_root=config.cgroup_root,
             poll_s=config.poll_s,
-            confinement=PodConfinement(config.confinement),
+            confinement=PodConfinement(config.confinement, network=config.pod_network),
             pod_variables=config.pod_variables,
             log_bytes=config.log_bytes_per_pod,
             pod_nice=config.pod_nice,
