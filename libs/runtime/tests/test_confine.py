@@ -221,6 +221,36 @@ def test_an_unprivileged_pod_cannot_open_its_users_files_to_other_accounts() -> 
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to become nobody")
+def test_an_unprivileged_pod_without_network_gets_it_from_its_user_namespace() -> None:
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 that nobody can run")
+    root = Path(tempfile.mkdtemp(prefix="simrun-unprivileged-", dir="/tmp"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    try:
+        root.chmod(0o755)
+        launcher = root / "confine.py"
+        shutil.copyfile(LAUNCHER, launcher)
+        launcher.chmod(0o644)
+        script = (
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {listener.getsockname()[1]}), timeout=5); print('reached')\n"
+            "except OSError as e: print(type(e).__name__)\n"
+        )
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        command = [*nobody, python, "-I", str(launcher), "--no-network", "--", python, "-c", script]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=root)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["ConnectionRefusedError"], result.stdout + result.stderr
+    finally:
+        listener.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_a_missing_command_is_a_usage_error(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "simrun_runtime.confine", "--read", str(tmp_path)], capture_output=True, text=True
