@@ -157,12 +157,29 @@ def test_without_network_only_the_command_s_own_loopback_answers(tmp_path: Path)
         "own = socket.socket(); own.bind(('127.0.0.1', 0)); own.listen()\n"
         "socket.create_connection(own.getsockname(), timeout=5); print('own loopback')\n"
     )
+    elsewhere = (  # another machine (TEST-NET-1): without a route, at once
+        "import errno, socket\n"
+        "try:\n    socket.create_connection(('192.0.2.1', 9), timeout=5)\n"
+        "except OSError as e: print(e.errno == errno.ENETUNREACH)\n"
+    )
     try:
         for flags, reached in (([], "reached"), (["--no-network"], "ConnectionRefusedError")):
             command = [sys.executable, "-m", "simrun_runtime.confine", *flags, "--", sys.executable, "-c", script]
             result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
             assert result.returncode == 0, result.stderr
             assert result.stdout.split() == [reached, "own", "loopback"], (flags, result.stdout, result.stderr)
+        command = [
+            sys.executable,
+            "-m",
+            "simrun_runtime.confine",
+            "--no-network",
+            "--",
+            sys.executable,
+            "-c",
+            elsewhere,
+        ]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert result.stdout.strip() == "True", result.stdout + result.stderr
     finally:
         listener.close()
 

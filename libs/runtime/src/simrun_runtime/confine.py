@@ -213,13 +213,9 @@ def launcher_command(
     write: Iterable[Path | str],
     interpreter: str | None = None,
     umask: int | None = None,
-    network: bool = True,
 ) -> list[str]:
-    """`command` run by this launcher with these paths (`python -I <LAUNCHER> --read … --write … -- command`);
-    `network=False`: in a network namespace of its own (`isolate_network`)."""
+    """`command` run by this launcher with these paths (`python -I <LAUNCHER> --read … --write … -- command`)."""
     launcher = [interpreter or sys.executable, "-I", LAUNCHER]
-    if not network:
-        launcher.append("--no-network")
     for path in read:
         launcher += ["--read", str(path)]
     for path in write:
