@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,6 @@ def attempt(action: str, path: str) -> str:
         if action == "nice":
             return f"nice:{os.nice(0)}"
         if action == "connect":
-            import socket
-
             host, port = path.rsplit(":", 1)
             socket.create_connection((host, int(port)), timeout=5).close()
             return "connected"

@@ -269,6 +269,21 @@ def _add_rule(libc: ctypes.CDLL, ruleset: int, path: Path, rights: int) -> None:
         os.close(fd)
 
 
+def _mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str = "") -> int:
+    """mount(2): 0, or -1 with the reason in `ctypes.get_errno()`."""
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    return int(
+        libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            ctypes.c_char_p(data.encode()) if data else None,
+        )
+    )
+
+
 def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
     """A private mount namespace in which every mount is read-only except the `write` paths.
 
@@ -283,19 +298,6 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
         ConfineError: the namespace or a mount cannot be made.
     """
     libc = _libc()
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-
-    def mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str = "") -> int:
-        return int(
-            libc.mount(
-                source.encode() if source else None,
-                target.encode(),
-                fstype.encode() if fstype else None,
-                flags,
-                ctypes.c_char_p(data.encode()) if data else None,
-            )
-        )
-
     if user_namespace:
         uid, gid = os.getuid(), os.getgid()
         if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
@@ -308,7 +310,7 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
             raise ConfineError(f"mapping the user into its namespace: {exc.strerror}") from None
     elif libc.unshare(_CLONE_NEWNS) != 0:
         raise ConfineError(f"unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
-    if mount(None, "/", _MS_REC | _MS_PRIVATE) != 0:
+    if _mount(None, "/", _MS_REC | _MS_PRIVATE) != 0:
         raise ConfineError(f"making / private: {os.strerror(ctypes.get_errno())}")
     for point, options in _mounts():
         if any(point == keep or point.startswith(keep + "/") for keep in _LEFT_WRITABLE):
@@ -317,17 +319,17 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
         for name, flag in _KEEP_FLAGS.items():
             if name in options:
                 flags |= flag
-        if mount(None, point, flags) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        if _mount(None, point, flags) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
             raise ConfineError(f"remounting {point} read-only: {os.strerror(ctypes.get_errno())}")
     for path in write:
         if not os.path.isdir(path):
             continue
         target = os.path.realpath(path)
-        if mount(target, target, _MS_BIND | _MS_REC) != 0 or mount(None, target, _MS_REMOUNT | _MS_BIND) != 0:
+        if _mount(target, target, _MS_BIND | _MS_REC) != 0 or _mount(None, target, _MS_REMOUNT | _MS_BIND) != 0:
             raise ConfineError(f"mounting {target} writable: {os.strerror(ctypes.get_errno())}")
     # A /dev/shm of the pod's own: the shared one let a pod read and change another run's shared memory
     # (multiprocessing's, a library's tensors). Its pages count in the pod's memory cgroup.
-    if os.path.isdir(SHARED_MEMORY) and mount("tmpfs", SHARED_MEMORY, _MS_NOSUID | _MS_NODEV, "tmpfs", "mode=1777"):
+    if os.path.isdir(SHARED_MEMORY) and _mount("tmpfs", SHARED_MEMORY, _MS_NOSUID | _MS_NODEV, "tmpfs", "mode=1777"):
         raise ConfineError(f"mounting a private {SHARED_MEMORY}: {os.strerror(ctypes.get_errno())}")
 
 
@@ -340,10 +342,7 @@ def private_proc() -> None:
     Raises:
         ConfineError: the mount is refused (a container that masks parts of its /proc, a kernel before 5.8).
     """
-    libc = _libc()
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    if libc.mount(b"proc", PROC.encode(), b"proc", flags, ctypes.c_char_p(b"hidepid=ptraceable")) != 0:
+    if _mount("proc", PROC, _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "proc", "hidepid=ptraceable") != 0:
         raise ConfineError(f"mounting a private {PROC}: {os.strerror(ctypes.get_errno())}")
 
 
