@@ -14,7 +14,10 @@
    Goal: p99 under 100 ms at 10 clients. On this machine the store's file system bounds it: /tmp is ext4 without
    a journal, where every new file or folder skips the inodes freed in the last minutes (`recently_deleted`,
    `find_get_block_common`, `ext4_get_group_desc`, `find_inode_bit` under `ext4_create` and `ext4_mkdir`: 28% of
-   the server's CPU in `perf record` during the timed submissions). `--dir` on a tmpfs shows the same runs without that.
+   the server's CPU in `perf record` during the timed submissions). So beside each figure is the median time to
+   create a small file in a new folder of the stores' file system just before (about 15 us on a tmpfs, from 20 us
+   to 1 ms on this ext4, as the inodes freed there in the last minutes vary; each store is kept until the end, so
+   no part is timed in the wake of another's removal). `--dir` on a tmpfs shows the same runs without that.
 3. SubmitRun from one client, the driver off, of a model of a few files and of the same model with 5,000 more
    (data files, committed): the median latency of each and their ratio. Goal: flat (a submission reads what it
    needs of a snapshot once, not its whole listing again).
@@ -319,6 +322,25 @@ def file_system(path: Path) -> str:
     return kind
 
 
+def new_folder(work: Path) -> Path:
+    """A new empty folder under `work` for one store, left in place (`main` removes them all at the end)."""
+    return Path(tempfile.mkdtemp(dir=work))
+
+
+def file_creation(work: Path, files: int = 200) -> float:
+    """The median seconds to create, write and close a small file in a new folder under `work`, as a store's new
+    files are: on ext4 without a journal, the inodes freed there in the last minutes make it slower (the files are
+    kept, so the probe frees none itself)."""
+    folder = Path(tempfile.mkdtemp(dir=work, prefix="probe-"))
+    seconds = []
+    for number in range(files):
+        start = time.perf_counter()
+        with open(folder / f"file-{number}", "wb") as f:
+            f.write(b"{}\n")
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
 def find_with_history(root: Path, earlier: int, finds: int = 300) -> float:
     """The median seconds of a task key index find (in its SQLite file, as the tracker keeps it) for a key that
     `earlier` ended runs had, the newest of which has its outputs whole on disk; records come from memory, as the
@@ -370,11 +392,22 @@ def main() -> None:
         args.dir.mkdir(parents=True, exist_ok=True)
         tempfile.tempdir = str(args.dir)
     print(f"stores under {tempfile.gettempdir()} ({file_system(Path(tempfile.gettempdir()))})")
+    # Every store is kept until the end: removing one frees its inodes, and on ext4 without a journal every file
+    # created in the next minutes pays for them (see the module's docstring), so a part would be timed in the
+    # wake of the one before.
+    work = Path(tempfile.mkdtemp(prefix="tracker-scale-"))
+    try:
+        run_parts(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_parts(args: argparse.Namespace, work: Path) -> None:
+    """The parts `args` asks for, each store a new folder under `work`."""
     if args.only in (None, "list"):
         print("ListRuns, every page of 50:")
         for size in (int(s) for s in args.sizes.split(",")):
-            with tempfile.TemporaryDirectory() as tmp:
-                listing, floor, pages = list_all(Path(tmp), size)
+            listing, floor, pages = list_all(new_folder(work), size)
             print(
                 f"  {size:6d} runs: {listing:6.2f} s for {pages} pages ({listing / pages * 1e3:5.2f} ms a page); "
                 f"GetIdentity x{pages}: {floor:5.2f} s; ratio {listing / floor:5.1f}"
@@ -389,27 +422,23 @@ def main() -> None:
             print(f"  {what}:")
             for clients in (1, 10):
                 figures = []
-                # The repeats' stores are removed together at the end: on ext4 without a journal, files removed
-                # between repeats would make each later repeat's new files slower to create (see above).
-                with tempfile.TemporaryDirectory() as tmp:
-                    for repeat in range(args.repeats):
-                        root = Path(tmp) / str(repeat)
-                        root.mkdir()
-                        figures.append(submit_concurrently(root, clients, args.per_client, load))
+                creating = file_creation(work)
+                for _ in range(args.repeats):
+                    figures.append(submit_concurrently(new_folder(work), clients, args.per_client, load))
                 p50, p99, rate, floor50, floor99 = (statistics.median(f[i] for f in figures) for i in range(5))
                 print(
                     f"    {clients:2d} clients: p50 {p50 * 1e3:6.1f} ms  p99 {p99 * 1e3:6.1f} ms"
                     f"  {rate:6.1f} submissions/s;"
                     f" GetIdentity from as many clients: p50 {floor50 * 1e3:5.1f} ms  p99 {floor99 * 1e3:5.1f} ms;"
-                    f" p99 ratio {p99 / floor99:5.1f} (medians of {args.repeats})"
+                    f" p99 ratio {p99 / floor99:5.1f}; a new file in the store {creating * 1e6:5.0f} us"
+                    f" (medians of {args.repeats})"
                 )
     if args.only in (None, "model"):
         print("SubmitRun by the model's size (one client, the driver off):")
         small, large = [], []
         for _ in range(args.repeats):  # alternated, so both sizes see the same machine
             for extra, figures in ((0, small), (5000, large)):
-                with tempfile.TemporaryDirectory() as tmp:
-                    figures.append(submit_by_model_size(Path(tmp), extra, 60))
+                figures.append(submit_by_model_size(new_folder(work), extra, 60))
         alone, more = statistics.median(small), statistics.median(large)
         print(
             f"  the model alone: median {alone * 1e3:6.1f} ms; with 5,000 more files: {more * 1e3:6.1f} ms;"
@@ -418,15 +447,12 @@ def main() -> None:
     if args.only in (None, "idle"):
         print(f"server CPU over {args.idle_s:.0f} s idle (percent of one core; goal < 2%):")
         for queued in (0, 1000):
-            with tempfile.TemporaryDirectory() as tmp:
-                print(f"  {queued:5d} queued runs: {idle_with_queue(Path(tmp), queued, args.idle_s):5.2f}%")
+            print(f"  {queued:5d} queued runs: {idle_with_queue(new_folder(work), queued, args.idle_s):5.2f}%")
     if args.only in (None, "reuse"):
         print("finding the result to reuse for a key, as its ended runs pile up (median of a find):")
-        with tempfile.TemporaryDirectory() as tmp:
-            alone = find_with_history(Path(tmp) / "alone", 1)
+        alone = find_with_history(new_folder(work) / "alone", 1)
         for earlier in (10, 1000, 10_000, 100_000):
-            with tempfile.TemporaryDirectory() as tmp:
-                seconds = find_with_history(Path(tmp), earlier)
+            seconds = find_with_history(new_folder(work), earlier)
             print(
                 f"  {earlier:7d} earlier runs: {seconds * 1e6:7.1f} us; with one: {alone * 1e6:7.1f} us;"
                 f" ratio {seconds / alone:5.2f} (goal: flat)"
