@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pydantic
 import pytest
 from simrun_core.errors import InvalidArgument
 from simrun_core.resources import SplitMode
-from simrun_core.workflow import InputRef, parse_workflow
+from simrun_core.workflow import InputRef, WorkflowCache, parse_workflow
 
 GOOD = """
 name: sweep
@@ -109,3 +110,24 @@ def test_a_task_may_set_the_time_limit_of_its_units() -> None:
     for bad in ("0", "-5", "soon"):
         with pytest.raises(InvalidArgument, match="unit_timeout_s"):
             parse_workflow(f"tasks: {{a: {{type: m:A, unit_timeout_s: {bad}}}}}", "wf.yaml")
+
+
+def test_the_cache_parses_a_text_once_and_keeps_no_error_and_no_more_than_its_characters() -> None:
+    cache = WorkflowCache(chars=200)
+    text = "tasks:\n  a:\n    type: m:A\n    settings: {n: 1}\n"
+    first = cache.parse(text)
+    assert cache.parse(text) is first
+    assert first == parse_workflow(text)
+    with pytest.raises(pydantic.ValidationError):  # shared, so read only
+        first.spec.tasks["a"].type = "m:B"  # type: ignore[misc]
+    bad = "tasks:\n  A:\n    type: m:A\n"
+    for _ in range(2):  # an error is raised again, not remembered as a workflow
+        with pytest.raises(InvalidArgument, match="task id 'A'"):
+            cache.parse(bad)
+    others = [f"tasks:\n  t{n}:\n    type: m:A\n" for n in range(10)]  # 25 characters each: 200 hold 8
+    for other in others:
+        cache.parse(other)
+    assert cache.parse(text) is not first  # dropped for the newer texts
+    assert cache.parse(others[-1]) is cache.parse(others[-1])
+    huge = "tasks:\n  a:\n    type: m:A\n    settings: {n: '" + "x" * 300 + "'}\n"
+    assert cache.parse(huge) is not cache.parse(huge)  # larger than the whole cache: never kept

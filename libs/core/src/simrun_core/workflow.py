@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from typing import Any
@@ -22,9 +24,9 @@ _INPUT_REF = re.compile(r"^(?P<task>[^.\s]+)\.(?P<port>[^.\s]+)$")
 
 
 class TaskSpec(BaseModel):
-    """One task of a workflow file."""
+    """One task of a workflow file (frozen: a parsed workflow is shared by the submissions of the same text)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     type: str = Field(min_length=1, description="`module:Class` or a `simrun.task_types` entry point name.")
     settings: dict[str, Any] = Field(default_factory=dict)
     inputs: dict[str, str] = Field(default_factory=dict, description="input port -> `<task>.<port>`")
@@ -39,9 +41,10 @@ class TaskSpec(BaseModel):
 
 
 class WorkflowSpec(BaseModel):
-    """A workflow file: tasks with types, settings and inputs; a mode, group and reservation for the run."""
+    """A workflow file: tasks with types, settings and inputs; a mode, group and reservation for the run (frozen,
+    as its tasks are)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = "workflow"
     group: str | None = None
     mode: SplitMode = SplitMode.FASTEST
@@ -122,6 +125,37 @@ def parse_workflow(text: str, source: str = "workflow") -> Workflow:
         cycle = " -> ".join(exc.args[1])
         raise InvalidArgument(f"{source}: the tasks' inputs form a cycle: {cycle}") from exc
     return Workflow(spec=spec, text=text, order=_stable_order(list(spec.tasks), graph), inputs=inputs)
+
+
+class WorkflowCache:
+    """The workflows parsed from the texts submitted last, by text: agents send the same workflow again and again,
+    and parsing it is about a tenth of a submission's work. At most `chars` of text are kept (a text may be a
+    megabyte). A cached workflow is shared: read it only (its specs are frozen)."""
+
+    def __init__(self, chars: int = 4 << 20) -> None:
+        self._chars = chars
+        self._kept = 0
+        self._parsed: OrderedDict[str, Workflow] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def parse(self, text: str) -> Workflow:
+        """`parse_workflow(text)`, from the cache where the same text was parsed lately (errors are not kept)."""
+        with self._lock:
+            workflow = self._parsed.get(text)
+            if workflow is not None:
+                self._parsed.move_to_end(text)
+                return workflow
+        workflow = parse_workflow(text)
+        if len(text) > self._chars:
+            return workflow
+        with self._lock:
+            if text not in self._parsed:
+                self._parsed[text] = workflow
+                self._kept += len(text)
+            while self._kept > self._chars:
+                dropped, _ = self._parsed.popitem(last=False)
+                self._kept -= len(dropped)
+        return workflow
 
 
 def _stable_order(tasks: list[str], graph: dict[str, set[str]]) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from simrun_core.key_index import KeyIndex
 from simrun_core.resources import SplitMode
 from simrun_core.reuse import ReusePolicy
 from simrun_core.telemetry import Telemetry, current_traceparent, process_telemetry
-from simrun_core.workflow import Workflow, parse_workflow
+from simrun_core.workflow import Workflow, WorkflowCache, parse_workflow
 from simrun_planner import Node
 from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import PROVENANCE, SETTINGS, RunLayout, StoreLayout, read_beneath
@@ -155,6 +155,8 @@ class RunTracker:
         # Beside the run index (a cache, rebuilt from the records at start).
         self.keys = KeyIndex(store, (index_path or store.index).with_name("task-keys.sqlite"))
         self.snapshot_keys = SnapshotKeys(store)
+        self.workflows = WorkflowCache()
+        """The workflows of the texts submitted lately, parsed once."""
         self.reader = RunReader(self.runs, executor)
         self.turns = Turns()
         """Turns for the server's own work (`simrun_tracker.turns`): submissions in the order they came, the
@@ -258,7 +260,7 @@ class RunTracker:
         its planned tasks (None while its environment builds); the node it names is reserved last."""
         run_id = new_run_id()
         self.guard.check_submission(identity, submission.workflow, 0, 0)  # the text's size, before it is parsed
-        workflow = parse_workflow(submission.workflow)
+        workflow = self.workflows.parse(submission.workflow)
         self.guard.check_submission(
             identity, submission.workflow, len(workflow.spec.tasks), self.runs.active_count(identity.name)
         )
@@ -407,7 +409,7 @@ class RunTracker:
 
     def _plan_recorded(self, record: RunRecord) -> None:
         """Describes and plans the tasks of a run recorded while its environment was building (the driver's call)."""
-        workflow = parse_workflow(str(record.workflow.get("text", "")))
+        workflow = self.workflows.parse(str(record.workflow.get("text", "")))
         mode = _recorded_mode(record)
         environment = self.environments.get(record.environment or "")
         planned = self._plan(
@@ -432,7 +434,7 @@ class RunTracker:
         Raises:
             FailedPrecondition: the model's environment is still building (estimate again once it is ready).
         """
-        workflow = parse_workflow(workflow_text)
+        workflow = self.workflows.parse(workflow_text)
         check_snapshots(self.store, snapshots)
         environment = self.environments.resolve(snapshots)
         if environment.state != EnvironmentState.READY:
