@@ -124,7 +124,7 @@ def test_the_cache_parses_a_text_once_and_keeps_no_error_and_no_more_than_its_ch
     for _ in range(2):  # an error is raised again, not remembered as a workflow
         with pytest.raises(InvalidArgument, match="task id 'A'"):
             cache.parse(bad)
-    others = [f"tasks:\n  t{n}:\n    type: m:A\n" for n in range(10)]  # 25 characters each: 200 hold 8
+    others = [f"tasks:\n  t{n}:\n    type: m:A\n" for n in range(10)]  # 27 characters each: 200 hold 7
     for other in others:
         cache.parse(other)
     assert cache.parse(text) is not first  # dropped for the newer texts
