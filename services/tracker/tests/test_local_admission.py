@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from simrun_tracker.local.admission import Placed, Preemption, Slot, Waiting, decide
+from simrun_tracker.local.admission import Placed, Preemption, Slot, Waiting, decide, decide_arrivals
 
 BASE, EXTRA, LOW_BASE, LOW_EXTRA = 500, 400, 200, 100
 
@@ -214,12 +214,22 @@ def after(nodes: list[Slot], running: list[Placed], pending: list[Waiting]) -> t
 
 @settings(max_examples=400, deadline=None)
 @given(queues(), st.lists(st.tuples(PRIORITIES, SIZES, SIZES, st.integers(0, 3)), max_size=8))
+@example(  # an arrival of a higher priority takes the node `w0` claimed: `w1`, held back by the claim, fits now
+    queue=(
+        [Slot("n0", 1.5, 1.0), Slot("n1", 1.5, 2.0)],
+        [placed(f"p{i}", "n0" if i < 4 else "n1", 100, i, 0.5, 0.5, run_id="r0") for i in range(5)],
+        [waiting("w0", 200, 100, 0.5, 2.0, run_id="r0")]
+        + [waiting(f"w{i}", 100, 100 + i, 0.5, 0.5, run_id="r0") for i in (1, 2, 3)],
+    ),
+    arrivals=[(400, 0.5, 0.5, 0)],
+)
 def test_a_pass_over_arrived_and_claiming_pods_decides_as_a_pass_over_the_whole_queue(
     queue: tuple[list[Slot], list[Placed], list[Waiting]], arrivals: list[tuple[int, float, float, int]]
 ) -> None:
     """What lets the local executor consider only the pods that arrived since its last pass (and those holding a
     claim) while nothing else changed: every other pending pod found no room and no victims then, and finds none
-    with more pods in the queue."""
+    with more pods in the queue, unless a claim lapses or moves (`decide_arrivals` then passes over the whole
+    queue)."""
     nodes, running, pending = queue
     running, pending = after(nodes, running, pending)
     arrived = [
@@ -227,4 +237,22 @@ def test_a_pass_over_arrived_and_claiming_pods_decides_as_a_pass_over_the_whole_
         for i, (priority, cores, memory_gb, run) in enumerate(arrivals)
     ]
     claiming = [p for p in pending if p.claim is not None]
-    assert decide(nodes, running, arrived + claiming) == decide(nodes, running, pending + arrived)
+    whole = decide(nodes, running, pending + arrived)
+    assert decide_arrivals(nodes, running, arrived + claiming, lambda: pending + arrived) == whole
+
+
+def test_a_claim_that_lapses_on_an_arrival_lets_the_pods_it_held_back_in() -> None:
+    """The case above by hand: `n0` is full; `w0` waits on `n1` for `p4` to stop; `new0`, of a higher priority,
+    takes room there, so `w0` can never fit on `n1` and its claim lapses; `w1`, which the claim kept off `n1`, fits
+    there now."""
+    nodes = [Slot("n0", 1.5, 1.0), Slot("n1", 1.5, 2.0)]
+    full = [placed(f"p{i}", "n0", 100, i, 0.5, 0.3) for i in range(3)]
+    running = [*full, placed("p4", "n1", 100, 4, 0.5, 0.5, terminating=True)]
+    pending = [waiting("w0", 200, 100, 0.5, 2.0, claim="n1"), waiting("w1", 100, 101, 0.5, 0.5)]
+    assert decide(nodes, running, pending).admit == []
+    arrived = [waiting("new0", 400, 1000, 0.5, 0.5)]
+    claiming = [pending[0]]
+    only_considered = decide(nodes, running, arrived + claiming)
+    assert only_considered.claims == {"w0": None}
+    decisions = decide_arrivals(nodes, running, arrived + claiming, lambda: pending + arrived)
+    assert decisions.admit == [("new0", "n1"), ("w1", "n1")]

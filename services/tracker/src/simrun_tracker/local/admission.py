@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -94,8 +94,8 @@ def decide(
     passed over at once, and a long queue of alike pods costs a lookup each (False evaluates every pod).
 
     A pending pod that found neither room nor victims finds none in a later pass over the same running pods with
-    only more pods queued (they take room and block nodes, they free none), so such a pass may be given only the
-    pods that arrived and those holding a claim, and decides the same (the local executor's incremental pass).
+    only more pods queued while every claim holds (they take room and block nodes, they free none): see
+    `decide_arrivals`.
     """
     decisions = Decisions()
     running = list(running)
@@ -162,6 +162,23 @@ def decide(
                 candidates[node_name].remove(victim)
                 stopping[node_name][0] += victim.cores
                 stopping[node_name][1] += victim.memory_gb
+    return decisions
+
+
+def decide_arrivals(
+    nodes: Sequence[Slot],
+    running: Sequence[Placed],
+    considered: Sequence[Waiting],
+    queue: Callable[[], Iterable[Waiting]],
+) -> Decisions:
+    """The pass over the same running pods as the last one when only pods arrived since: over `considered`, the
+    arrived and the claiming pods, which decides as a pass over the whole `queue` would, unless it lapses or moves a
+    claim. An arrival of a higher priority can take the node a pod waits on, and the claim that lapses then no
+    longer blocks the node for the pods behind it that this pass did not consider; so then the whole queue is
+    passed over (`queue` is called only then: a long queue is not listed on every arrival)."""
+    decisions = decide(nodes, running, considered)
+    if any(pod.claim is not None and pod.pod_id in decisions.claims for pod in considered):
+        return decide(nodes, running, queue())
     return decisions
 
 

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,7 +41,7 @@ from simrun_tracker.executor import (
     RunSpec,
     TaskOrdering,
 )
-from simrun_tracker.local.admission import Placed, Slot, Waiting, decide
+from simrun_tracker.local.admission import Placed, Slot, Waiting, decide, decide_arrivals
 from simrun_tracker.local.config import configured_nodes, default_nodes
 from simrun_tracker.local.confinement import PodConfinement, PodPaths, pod_environment
 from simrun_tracker.local.memory import (
@@ -432,11 +432,11 @@ class LocalExecutor:
         if self._admission_due:
             self._admission_due = False
             self._arrived.clear()
-            self._admit(list(self._pending.values()))
+            self._admit(list(self._pending.values()), whole=True)
         elif self._arrived:
             considered = dict.fromkeys([*self._arrived, *self._claimed])
             self._arrived.clear()
-            self._admit([self._pending[p] for p in considered if p in self._pending])
+            self._admit([self._pending[p] for p in considered if p in self._pending], whole=False)
 
     def _drop_forgotten(self) -> None:
         """Drops the pods of forgotten runs whose pods have all stopped (a stopping pod is still supervised)."""
@@ -451,8 +451,9 @@ class LocalExecutor:
                 del self._history[key]
             self._forgotten.discard(run_id)
 
-    def _admit(self, considered: list[_Pod]) -> None:
-        """One admission pass over `considered`, pending pods (every one, or those arrived and claiming)."""
+    def _admit(self, considered: list[_Pod], *, whole: bool) -> None:
+        """One admission pass over `considered`: every pending pod (`whole`), or those arrived and claiming, which
+        decide as the whole queue would (`decide_arrivals`)."""
         slots = [
             Slot(n.name, n.allocatable_cores, n.allocatable_memory_gb, self._reservations.get(n.name))
             for n in self._nodes
@@ -471,14 +472,13 @@ class LocalExecutor:
             for p in self._running.values()
             if p.process is not None
         ]
-        pending = [
-            Waiting(p.spec.pod_id, p.spec.run_id, p.spec.cores, p.status.memory_gb, p.priority, p.seq, p.claim)
-            for p in considered
-            if p.status.phase is PodPhase.PENDING
-        ]
+        pending = _waiting(considered)
         if not pending:
             return
-        decisions = decide(slots, running, pending)
+        if whole:
+            decisions = decide(slots, running, pending)
+        else:
+            decisions = decide_arrivals(slots, running, pending, lambda: _waiting(self._pending.values()))
         for pod_id, node in decisions.claims.items():
             self._pods[pod_id].claim = node
             if node is None:
@@ -752,6 +752,15 @@ class LocalExecutor:
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
+
+
+def _waiting(pods: Iterable[_Pod]) -> list[Waiting]:
+    """The pending ones of `pods` as admission sees them."""
+    return [
+        Waiting(p.spec.pod_id, p.spec.run_id, p.spec.cores, p.status.memory_gb, p.priority, p.seq, p.claim)
+        for p in pods
+        if p.status.phase is PodPhase.PENDING
+    ]
 
 
 def _snapshots(record_path: Path) -> list[tuple[str, str]]:
