@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from simrun_runtime.files import read_json, write_bytes_atomic
+from simrun_runtime.files import read_json, write_bytes_atomic, write_bytes_new
 from simrun_runtime.layout import RunLayout, StoreLayout
 
 
@@ -157,9 +157,18 @@ class RunRecord(BaseModel):
     def save(self, run: RunLayout, *, durable: bool = True) -> None:
         """Writes `run.json` atomically; `durable=False` skips its fsync (see `write_bytes_atomic`)."""
         self.updated_at = utcnow()
+        write_bytes_atomic(run.record, self._dump(), durable=durable)
+
+    def save_new(self, run: RunLayout) -> None:
+        """Writes `run.json` into a run's folder written aside, which nobody reads until it is renamed into place
+        (`write_bytes_new`: no temporary file, no fsync; the caller fsyncs it before the rename)."""
+        self.updated_at = utcnow()
+        write_bytes_new(run.record, self._dump())
+
+    def _dump(self) -> bytes:
         # Unsorted: the order of `tasks` is the order they run. Dumped by pydantic-core, not `json.dumps`, whose
         # indented output is made in Python (five times the cost, paid at every save of every run).
-        write_bytes_atomic(run.record, (self.model_dump_json(indent=2) + "\n").encode(), durable=durable)
+        return (self.model_dump_json(indent=2) + "\n").encode()
 
     @classmethod
     def load(cls, run: RunLayout) -> RunRecord:

@@ -135,6 +135,8 @@ class RunReader:
                 # Reused whole: its outputs are an earlier run's, every unit done there (no progress line here).
                 if task.state == TaskState.SUCCEEDED:
                     done = task.units or 0
+            elif task.split and task.state == TaskState.PENDING and task.reused_from is None:
+                pass  # no pod started yet (a task leaves PENDING before its pods start) and no ledger seeded
             elif task.split:
                 key = (record.run_id, task.task_id)
                 with self._lock:

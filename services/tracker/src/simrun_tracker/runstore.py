@@ -77,11 +77,13 @@ class RunStore:
 
     def stage(self, record: RunRecord, write_tasks: Callable[[RunLayout], None]) -> RunLayout:
         """The first half of `create`: writes a new run aside, without fsync, and returns its staging folder,
-        which nobody sees until `place` (a failure removes it)."""
+        which nobody sees until `place` (a failure removes it). `write_tasks` finds the folder made, and writes its
+        files as new ones (`write_bytes_new`)."""
         staging = self.layout.run_staging(record.run_id)
         try:
+            staging.root.mkdir()
             write_tasks(staging)
-            record.save(staging, durable=False)
+            record.save_new(staging)
         except BaseException:
             shutil.rmtree(staging.root, ignore_errors=True)
             raise

@@ -28,7 +28,7 @@ from simrun_core.reuse import ReusePolicy
 from simrun_core.telemetry import Telemetry, current_traceparent, process_telemetry
 from simrun_core.workflow import Workflow, WorkflowCache, parse_workflow
 from simrun_planner import Node
-from simrun_runtime.files import write_json_atomic
+from simrun_runtime.files import json_bytes, write_bytes_atomic, write_bytes_new
 from simrun_runtime.layout import PROVENANCE, SETTINGS, RunLayout, StoreLayout, read_beneath
 from simrun_runtime.record import Identity as RecordIdentity
 from simrun_runtime.record import ReusedFrom, RunRecord, SnapshotRef, TaskRecord
@@ -239,7 +239,7 @@ class RunTracker:
 
                 def write_tasks(staging: RunLayout) -> None:
                     assert record is not None
-                    self._write_tasks(staging, record, workflow, list(record.tasks), durable=False)
+                    self._write_tasks(staging, record, workflow, list(record.tasks), aside=True)
                     if planned is not None:
                         with self.turns.outside():  # links an earlier run's outputs: as long as they are many
                             self._reuse(record, staging, identity)
@@ -355,17 +355,28 @@ class RunTracker:
                     )
 
     def _write_tasks(
-        self, run: RunLayout, record: RunRecord, workflow: Workflow, tasks: list[str], *, durable: bool
+        self, run: RunLayout, record: RunRecord, workflow: Workflow, tasks: list[str], *, aside: bool
     ) -> None:
         """Writes the `settings.json` and `provenance.json` of `tasks`, which follow from the record and its
-        workflow. A submission writes them without fsync, in the folder it renames into place once whole: the
-        record it fsyncs is what a restart needs, and `_restore_task_files` writes them again from it."""
-        provenance = {"run_id": record.run_id, "snapshots": [s.model_dump(mode="json") for s in record.snapshots]}
+        workflow. A submission writes them in the run's folder written `aside`, as new files without fsync: the
+        folder is renamed into place once whole, the record it fsyncs is what a restart needs, and
+        `_restore_task_files` writes them again, atomically and durably, from it."""
+        provenance = json_bytes(
+            {"run_id": record.run_id, "snapshots": [s.model_dump(mode="json") for s in record.snapshots]}
+        )
+        if aside:
+            run.tasks.mkdir()
         for task_id in tasks:
             layout = run.task(task_id)
-            layout.root.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(layout.settings, workflow.spec.tasks[task_id].settings, durable=durable)
-            write_json_atomic(layout.provenance, provenance, durable=durable)
+            settings = json_bytes(workflow.spec.tasks[task_id].settings)
+            if aside:
+                layout.root.mkdir()
+                write_bytes_new(layout.settings, settings)
+                write_bytes_new(layout.provenance, provenance)
+            else:
+                layout.root.mkdir(parents=True, exist_ok=True)
+                write_bytes_atomic(layout.settings, settings)
+                write_bytes_atomic(layout.provenance, provenance)
 
     def _restore_task_files(self, record: RunRecord) -> None:
         """Writes again, durably, the task files of an active run that a power cut took after its submission
@@ -382,7 +393,7 @@ class RunTracker:
         ]
         if lost:
             log.warning("run %s: writing the files of tasks %s again from its record", record.run_id, ", ".join(lost))
-            self._write_tasks(run, record, parse_workflow(text), lost, durable=True)
+            self._write_tasks(run, record, parse_workflow(text), lost, aside=False)
 
     def _plan(
         self,
