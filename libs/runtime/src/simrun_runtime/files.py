@@ -37,13 +37,13 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
         raise
 
 
-def write_bytes_new(path: Path, data: bytes, *, durable: bool = False) -> None:
-    """Creates `path` with `data`, in a folder nobody reads until it is renamed into place (a run written aside):
-    no temporary file and rename, which only a file others may read needs. Refuses a name that exists (a link
-    too); a failed write removes the file."""
+def write_bytes_new(path: Path, data: bytes) -> None:
+    """Creates `path` with `data`, without fsync, in a folder nobody reads until it is renamed into place (a run
+    written aside): no temporary file and rename, which only a file others may read needs. Refuses a name that
+    exists (a link too); a failed write removes the file."""
     fd = os.open(path, _NEW_FILE, 0o666)
     try:
-        _write_fd(fd, data, durable)
+        _write_fd(fd, data, durable=False)
     except BaseException:
         _unlink_quietly(path)
         raise
