@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from e2e_support import E2E_MODEL, git_repo, write_workflow
 from simrun_tracker import runstore
+from simrun_tracker import tracker as tracker_module
 
 SLOW_IMPORT_S = 8
 
@@ -72,3 +73,48 @@ def test_a_submission_that_fails_after_its_turn_releases_its_node_and_leaves_not
     monkeypatch.undo()
     run = client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}\nreserve: node-a"))
     assert [n.reserved_by for n in tracker.executor.nodes()] == [run.run_id]
+
+
+def test_a_run_slow_to_write_holds_up_no_other_submission(start_server, client_for, e2e_model, monkeypatch):
+    """A run's files are written aside after its submission's turn: while one run's files wait on a slow disk,
+    another submission is checked, planned and answered (before, it waited for the turn the slow one held)."""
+    server = start_server()
+    slow_client, quick_client = client_for(server), client_for(server)
+    quick_client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}"))  # describer warm
+    disk_free = threading.Event()
+    writing = threading.Event()
+    write_new = tracker_module.write_bytes_new
+
+    def slow_disk(path: Path, data: bytes) -> None:
+        if path.parent.name == "slow" and not disk_free.is_set():
+            writing.set()
+            disk_free.wait(timeout=60)
+        write_new(path, data)
+
+    monkeypatch.setattr(tracker_module, "write_bytes_new", slow_disk)
+    answered: dict[str, str] = {}
+    failed: list[BaseException] = []
+
+    def submit(name: str, client) -> None:
+        try:
+            workflow = write_workflow(e2e_model, f"tasks: {{{name}: {{type: 'e2etasks.tasks:Slow'}}}}", f"{name}.yaml")
+            answered[name] = client.submit(workflow).run_id
+        except BaseException as exc:
+            failed.append(exc)
+
+    slow = threading.Thread(target=submit, args=("slow", slow_client))
+    quick = threading.Thread(target=submit, args=("quick", quick_client))
+    slow.start()
+    try:
+        assert writing.wait(timeout=30), "the slow run's files were never written"
+        quick.start()
+        quick.join(timeout=20)
+        assert not failed, failed
+        assert "quick" in answered, "a submission waited for another run's files to be written"
+        assert "slow" not in answered, "the slow run was answered before its files were written"
+    finally:
+        disk_free.set()
+        slow.join(timeout=60)
+        quick.join(timeout=60)
+    assert not failed, failed
+    assert {r.run_id for r in quick_client.list_runs()} >= set(answered.values())

@@ -231,20 +231,20 @@ class RunTracker:
         return self._request_locks[hash((name, request_id)) % REQUEST_LOCKS]
 
     def _submit(self, submission: Submission, identity: Identity) -> RunRecord:
-        """Prepares and stages the run in the submission's turn, then makes it durable and visible after it."""
+        """Prepares the run in the submission's turn, then writes it aside and makes it durable and visible after
+        it: making files is mostly the kernel's work, which then overlaps the next submission's turn."""
         record: RunRecord | None = None
         try:
             with self.turns.turn():
                 record, workflow, planned = self._prepare(submission, identity)
 
-                def write_tasks(staging: RunLayout) -> None:
-                    assert record is not None
-                    self._write_tasks(staging, record, workflow, list(record.tasks), aside=True)
-                    if planned is not None:
-                        with self.turns.outside():  # links an earlier run's outputs: as long as they are many
-                            self._reuse(record, staging, identity)
+            def write_tasks(staging: RunLayout) -> None:
+                assert record is not None
+                self._write_tasks(staging, record, workflow, list(record.tasks), aside=True)
+                if planned is not None:
+                    self._reuse(record, staging, identity)
 
-                staging = self.runs.stage(record, write_tasks)
+            staging = self.runs.stage(record, write_tasks)
             created = self.runs.place(record, staging)
         except BaseException:
             if record is not None and record.reservation:  # `_prepare` reserves last: its record means reserved

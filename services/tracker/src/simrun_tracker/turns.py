@@ -4,10 +4,10 @@ order they came and the driver's steps ahead of them.
 Ten request threads working at once under the interpreter's lock each take longer than in turn, and the lock
 hands itself to whichever thread wakes, so some wait far longer than others: measured at 10 concurrent clients,
 SubmitRun's p99 fell by 12–19% with submissions' turns and its rate rose as much, and by about as much again with
-the driver's steps in turns too (benchmarks/tracker_scale.py). A submission
-steps out of its turn wherever it waits on something else or its work grows with something else (an environment to
-resolve, the model's describer, the learner, an executor, an earlier run's outputs to link) and steps back in ahead
-of those that never had a turn; it fsyncs after its turn. So one slow model, service or disk holds up no other
+the driver's steps in turns too (benchmarks/tracker_scale.py). A submission steps out of its turn wherever it
+waits on something else or its work grows with something else (an environment to resolve, the model's describer,
+the learner, an executor, an earlier run's outputs to link) and steps back in ahead of those that never had a
+turn; it writes its run's files and fsyncs after its turn. So one slow model, service or disk holds up no other
 submission.
 """
 
