@@ -274,7 +274,6 @@ def against_pool(root: Path, model_root: Path, units: int, unit_ms: float, proce
 
 def report_writes(root: Path, sizes: list[int], repeats: int) -> None:
     print("\n3. the worker report's cost per write (no fsync, as the periodic writes), by units done:")
-    task = TaskLayout(root / "report-task")
     base = {
         "run_id": "r",
         "task_id": "t",
@@ -289,6 +288,9 @@ def report_writes(root: Path, sizes: list[int], repeats: int) -> None:
         "started_at": datetime.now(UTC),
     }
     for units in sizes:
+        # Each size and each schema writes a folder of its own: a write that replaced the big report of the size
+        # before would pay for freeing its blocks.
+        task, task_before = TaskLayout(root / f"report-{units}"), TaskLayout(root / f"report-{units}-before")
         sketch = SecondsSketch()
         for k in range(units):
             sketch.add(0.001 * (1 + (k * 7919) % 1000))
@@ -303,7 +305,7 @@ def report_writes(root: Path, sizes: list[int], repeats: int) -> None:
         old = []
         for _ in range(min(repeats, 2)):
             start = time.perf_counter()
-            before.write(task, fsync=False)
+            before.write(task_before, fsync=False)
             old.append(time.perf_counter() - start)
         print(
             f"   {units:>9} units: summary {statistics.median(now) * 1e3:8.3f} ms per write, "
