@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import E2E_MODEL, git_repo, write_workflow
+from simrun_runtime import record as record_module
 from simrun_tracker import runstore
 from simrun_tracker import tracker as tracker_module
 
@@ -119,3 +120,45 @@ def test_a_run_slow_to_write_holds_up_no_other_submission(start_server, client_f
             quick.join(timeout=60)
     assert not failed, failed
     assert {r.run_id for r in quick_client.list_runs()} >= set(answered.values())
+
+
+def test_a_run_slow_to_save_in_the_driver_holds_up_no_submission(start_server, client_for, e2e_model, monkeypatch):
+    """The driver saves a run's record outside its turn: while its save of one run's step waits on a slow disk,
+    a submission is checked, planned and answered (before, it waited for the turn the driver held)."""
+    server = start_server()
+    client = client_for(server)
+    client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}"))  # describer warm
+    disk_free = threading.Event()
+    saving = threading.Event()
+    write_atomic = record_module.write_bytes_atomic
+
+    def slow_disk(path: Path, data: bytes, *, durable: bool = True) -> None:
+        if (path.parent / "tasks" / "slow").is_dir() and not disk_free.is_set():
+            saving.set()
+            disk_free.wait(timeout=60)
+        write_atomic(path, data, durable=durable)
+
+    monkeypatch.setattr(record_module, "write_bytes_atomic", slow_disk)
+    answered: list[str] = []
+    failed: list[BaseException] = []
+
+    def submit_quick() -> None:
+        try:
+            workflow = write_workflow(e2e_model, "tasks: {b: {type: 'e2etasks.tasks:Slow'}}", "b.yaml")
+            answered.append(client.submit(workflow).run_id)
+        except BaseException as exc:
+            failed.append(exc)
+
+    quick = threading.Thread(target=submit_quick)
+    try:
+        client.submit(write_workflow(e2e_model, "tasks: {slow: {type: 'e2etasks.tasks:Slow'}}", "slow.yaml"))
+        assert saving.wait(timeout=30), "the driver never saved the slow run's step"
+        quick.start()
+        quick.join(timeout=20)
+        answered_while_saving = bool(answered)
+    finally:
+        disk_free.set()
+        if quick.ident is not None:  # started
+            quick.join(timeout=60)
+    assert not failed, failed
+    assert answered_while_saving, "a submission waited for the driver's save of another run"

@@ -599,8 +599,7 @@ class Driver:
 
     def _save_if_changed(self, record: RunRecord, before: dict[str, object]) -> None:
         if record.model_dump(exclude={"updated_at"}) != before:
-            if record.state.final:
-                with self.turns.outside():  # a final state is fsynced
-                    self.runs.save(record)
-            else:
+            # Outside the turn: writing the record is mostly the kernel's work (a new file renamed over the old;
+            # a final state is fsynced too), which then overlaps a submission's turn on the other core.
+            with self.turns.outside():
                 self.runs.save(record)
