@@ -40,13 +40,18 @@ tasks:
     task = run.task("values")
     done_before = {p.name for p in task.units.done.iterdir()}
     assert 6 <= len(done_before) < 30
-    # As a power cut after the submission answered leaves them: its task files were not fsynced (the record was).
+    # A task's pods write its files from the record as they start, without fsync: a power cut may leave them
+    # empty; the next pod writes them again.
     task.settings.write_bytes(b"")
-    run.task("total").provenance.unlink()
+    # A task recorded before its record kept its settings, whose files its submission wrote without fsync, as a
+    # power cut leaves them: the starting server writes them again from the workflow in the record.
+    record = json.loads(run.record.read_text())
+    del record["tasks"]["total"]["settings"]
+    run.record.write_text(json.dumps(record))
+    run.task("total").root.mkdir(exist_ok=True)  # not started yet: its pod has laid out nothing
     # And what a task's pods may leave in their folder: a link to a FIFO is not read (it would block the start).
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    run.task("total").settings.unlink()
     run.task("total").settings.symlink_to(fifo)
 
     second = start_server(home=home)
@@ -56,6 +61,8 @@ tasks:
     assert final.state == common_pb2.RUN_STATE_SUCCEEDED, final.message
     assert json.loads(task.summary.read_text())["total"] == expected_total(4, 30)
     assert not run.task("total").settings.is_symlink()
+    assert json.loads(run.task("total").settings.read_text()) == {}
+    assert json.loads(run.task("total").provenance.read_text())["run_id"] == run_id
     progress_units = [json.loads(line)["unit"] for line in task.progress.read_text().splitlines()]
     assert set(progress_units) == set(range(30))
     assert len(progress_units) < 30 + 6  # what was done before the stop was not computed again (beyond in-flight)

@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Any
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True, writer: str = "") -> None:
     """Writes `data` to a temporary file beside `path`, flushes it, and renames it over `path`.
 
     `durable=False` skips the fsync: the file is still whole or absent to every reader and across a crash of the
     writer, but a power cut may lose the new version (for state that is recomputed anyway). A failed write removes
-    its temporary file.
+    its temporary file. `writer` names the writer among machines that share the folder (a pod of a task: process
+    ids repeat from one container to the next).
     """
     # Unique per process and thread: two threads of a server may write the same file at once.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = path.with_name(f".{path.name}.tmp-{writer}{'-' if writer else ''}{os.getpid()}-{threading.get_ident()}")
     # Created, never opened: a link planted at its name (a task's folder is its pods' to write) is not written through.
     try:
         fd = os.open(tmp, _NEW_FILE, 0o666)

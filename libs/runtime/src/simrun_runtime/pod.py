@@ -135,8 +135,10 @@ class TaskSetup:
         return self.record.snapshots[0].name if self.record.snapshots else None
 
     @classmethod
-    def load(cls, run_dir: Path, task_id: str) -> TaskSetup:
-        """Reads and checks everything; raises `UsageError` with what to fix, having touched nothing."""
+    def load(cls, run_dir: Path, task_id: str, writer: str = "") -> TaskSetup:
+        """Reads and checks everything, first writing the task's files that follow from the record where they are
+        missing or differ (a pod, `writer`, lays out its task); raises `UsageError` with what to fix, having
+        touched nothing else."""
         run = RunLayout(run_dir.resolve())
         if not run.record.is_file():
             raise UsageError(f"{run_dir} has no {run.record.name}: SIMRUN_RUN_DIR must be a run directory runs/<id>")
@@ -145,6 +147,11 @@ class TaskSetup:
         except (ValidationError, json.JSONDecodeError) as exc:
             raise UsageError(f"{run.record} is not a valid run record: {str(exc).splitlines()[0]}") from None
         task = run.task(task_id)
+        if task_id in record.tasks:
+            try:
+                record.write_task_files(run, task_id, writer=writer)
+            except OSError as exc:
+                raise UsageError(f"cannot write the files of task {task_id!r} in {task.root}: {exc}") from None
         if not task.root.is_dir():
             raise UsageError(
                 f"no task directory {task.root}: task {task_id!r} is not laid out in run {run.run_id} "

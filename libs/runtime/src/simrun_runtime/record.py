@@ -7,10 +7,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from simrun_runtime.files import read_json, write_bytes_atomic, write_bytes_new
-from simrun_runtime.layout import RunLayout, StoreLayout
+from simrun_runtime.files import json_bytes, read_json, write_bytes_atomic, write_bytes_new
+from simrun_runtime.layout import PROVENANCE, SETTINGS, RunLayout, StoreLayout, read_beneath
 
 
 def utcnow() -> datetime:
@@ -108,6 +108,11 @@ class TaskRecord(BaseModel):
     plan: dict[str, Any] | None = Field(default=None, description="The planner's TaskPlan, as a mapping.")
     resources: dict[str, Any] | None = Field(default=None, description="The resolved resources it was planned with.")
     unit_timeout_s: float | None = Field(default=None, description="The workflow's time limit per unit, seconds.")
+    settings: dict[str, Any] | None = Field(
+        default=None,
+        description="The settings as submitted, from which the task's pods write its `settings.json` (None in a "
+        "record written before they were kept here: its submission wrote the file).",
+    )
     attempts: dict[str, int] = Field(default_factory=dict, description="worker -> attempts its pod was started")
     sigkills: dict[str, int] = Field(
         default_factory=dict,
@@ -124,6 +129,10 @@ class TaskRecord(BaseModel):
 
 class RunRecord(BaseModel):
     """The source of truth of a run; the SQLite index is rebuilt from these."""
+
+    # A task's settings as submitted may hold NaN or an infinity (YAML's `.nan`, `.inf`), written as `json.dumps`
+    # writes them, not as null: its pods write `settings.json` from them.
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
     run_id: str
     group: str = "default"
@@ -153,6 +162,38 @@ class RunRecord(BaseModel):
     def model_root(self, store: StoreLayout) -> Path | None:
         """The root of the model's snapshot, first on `sys.path` of every task."""
         return self.snapshots[0].resolve(store) if self.snapshots else None
+
+    def task_files(self, task_id: str) -> dict[str, bytes] | None:
+        """The files of a task that follow from the record, by name: `settings.json` and `provenance.json` (None for
+        a task recorded without its settings)."""
+        settings = self.tasks[task_id].settings
+        if settings is None:
+            return None
+        return {SETTINGS: json_bytes(settings), PROVENANCE: self.provenance_bytes()}
+
+    def provenance_bytes(self) -> bytes:
+        """The `provenance.json` of each of the run's tasks: the run and the provenance of its sources."""
+        return json_bytes({"run_id": self.run_id, "snapshots": [s.model_dump(mode="json") for s in self.snapshots]})
+
+    def write_task_files(self, run: RunLayout, task_id: str, *, writer: str = "") -> list[str]:
+        """Writes the files of a task that follow from the record where they are missing or differ, and returns
+        their names: what a pod of the task does as it starts. The folder is its pods' to write: what is there is
+        read without following a link, and replaced, not written through. No fsync: the record has them, and every
+        pod of the task writes them again."""
+        files = self.task_files(task_id)
+        if files is None:
+            return []
+        folder = run.task(task_id).root
+        written = []
+        for name, data in files.items():
+            try:
+                if read_beneath(folder, name, limit=len(data) + 1) == data:
+                    continue
+            except (OSError, ValueError):  # missing, a link, not a regular file (UnsafePath is a ValueError)
+                pass
+            write_bytes_atomic(folder / name, data, durable=False, writer=writer)
+            written.append(name)
+        return written
 
     def save(self, run: RunLayout, *, durable: bool = True) -> None:
         """Writes `run.json` atomically; `durable=False` skips its fsync (see `write_bytes_atomic`)."""

@@ -31,7 +31,7 @@ from simrun_planner import Node
 from simrun_runtime.files import json_bytes, write_bytes_atomic, write_bytes_new
 from simrun_runtime.layout import PROVENANCE, SETTINGS, RunLayout, StoreLayout, read_beneath
 from simrun_runtime.record import Identity as RecordIdentity
-from simrun_runtime.record import ReusedFrom, RunRecord, SnapshotRef, TaskRecord
+from simrun_runtime.record import ReusedFrom, RunRecord, SnapshotRef, TaskRecord, TaskState
 
 from simrun_tracker.describer import TypeDescriber
 from simrun_tracker.driver import CANCELLED_BY, Driver
@@ -236,13 +236,13 @@ class RunTracker:
         record: RunRecord | None = None
         try:
             with self.turns.turn():
-                record, workflow, planned = self._prepare(submission, identity)
+                record, planned = self._prepare(submission, identity)
 
             def write_tasks(staging: RunLayout) -> None:
                 assert record is not None
-                self._write_tasks(staging, record, workflow, list(record.tasks), aside=True)
                 if planned is not None:
                     self._reuse(record, staging, identity)
+                    self._write_reused_task_files(staging, record, aside=True)
 
             staging = self.runs.stage(record, write_tasks)
             created = self.runs.place(record, staging)
@@ -253,11 +253,9 @@ class RunTracker:
         self.keys.update(created)
         return created
 
-    def _prepare(
-        self, submission: Submission, identity: Identity
-    ) -> tuple[RunRecord, Workflow, list[PlannedTask] | None]:
-        """A submission checked, resolved and planned into the record it will write: the record, its workflow and
-        its planned tasks (None while its environment builds); the node it names is reserved last."""
+    def _prepare(self, submission: Submission, identity: Identity) -> tuple[RunRecord, list[PlannedTask] | None]:
+        """A submission checked, resolved and planned into the record it will write: the record and its planned
+        tasks (None while its environment builds); the node it names is reserved last."""
         run_id = new_run_id()
         self.guard.check_submission(identity, submission.workflow, 0, 0)  # the text's size, before it is parsed
         workflow = self.workflows.parse(submission.workflow)
@@ -312,7 +310,7 @@ class RunTracker:
         if reserve:
             with self.turns.outside():
                 self.executor.reserve(reserve, run_id)
-        return record, workflow, planned
+        return record, planned
 
     def _load_record(self, run_id: str) -> RunRecord:
         return load_record(self.store, run_id)
@@ -354,33 +352,35 @@ class RunTracker:
                         },
                     )
 
-    def _write_tasks(
-        self, run: RunLayout, record: RunRecord, workflow: Workflow, tasks: list[str], *, aside: bool
-    ) -> None:
-        """Writes the `settings.json` and `provenance.json` of `tasks`, which follow from the record and its
-        workflow. A submission writes them in the run's folder written `aside`, as new files without fsync: the
-        folder is renamed into place once whole, the record it fsyncs is what a restart needs, and
-        `_restore_task_files` writes them again, atomically and durably, from it."""
-        provenance = json_bytes(
-            {"run_id": record.run_id, "snapshots": [s.model_dump(mode="json") for s in record.snapshots]}
-        )
-        if aside:
-            run.tasks.mkdir()
+    @staticmethod
+    def _write_reused_task_files(run: RunLayout, record: RunRecord, *, aside: bool) -> None:
+        """Writes the task files of the tasks a run reuses whole, which no pod lays out (the pods of every other
+        task write theirs from the record as they start: a queued run costs its submission no task folder), all
+        without fsync; in a run's folder written `aside` as new files (it is renamed into place once whole)."""
+        for task_id, task in record.tasks.items():
+            files = record.task_files(task_id)
+            if task.state != TaskState.SUCCEEDED or task.reused_from is None or files is None:
+                continue
+            if not aside:
+                record.write_task_files(run, task_id)
+                continue
+            for name, data in files.items():
+                write_bytes_new(run.task(task_id).root / name, data)
+
+    def _write_tasks(self, run: RunLayout, record: RunRecord, workflow: Workflow, tasks: list[str]) -> None:
+        """Writes again, atomically and durably, the `settings.json` and `provenance.json` of `tasks` of a run
+        recorded before a task's record kept its settings (its submission wrote them)."""
+        provenance = record.provenance_bytes()
         for task_id in tasks:
             layout = run.task(task_id)
-            settings = json_bytes(workflow.spec.tasks[task_id].settings)
-            if aside:
-                layout.root.mkdir()
-                write_bytes_new(layout.settings, settings)
-                write_bytes_new(layout.provenance, provenance)
-            else:
-                layout.root.mkdir(parents=True, exist_ok=True)
-                write_bytes_atomic(layout.settings, settings)
-                write_bytes_atomic(layout.provenance, provenance)
+            layout.root.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(layout.settings, json_bytes(workflow.spec.tasks[task_id].settings))
+            write_bytes_atomic(layout.provenance, provenance)
 
     def _restore_task_files(self, record: RunRecord) -> None:
-        """Writes again, durably, the task files of an active run that a power cut took after its submission
-        answered (empty or missing: they were not fsynced)."""
+        """Writes again, durably, the task files of an active run recorded before a task's record kept its
+        settings, which a power cut took after its submission answered (empty or missing: they were not fsynced).
+        A task recorded with its settings needs none: its pods write its files as they start."""
         text = record.workflow.get("text")
         if not isinstance(text, str):
             return
@@ -389,11 +389,12 @@ class RunTracker:
             task_id
             for task_id, task in record.tasks.items()
             if not task.state.final
+            and task.settings is None
             and not (_whole_json(run.task(task_id).root, SETTINGS) and _whole_json(run.task(task_id).root, PROVENANCE))
         ]
         if lost:
             log.warning("run %s: writing the files of tasks %s again from its record", record.run_id, ", ".join(lost))
-            self._write_tasks(run, record, parse_workflow(text), lost, aside=False)
+            self._write_tasks(run, record, parse_workflow(text), lost)
 
     def _plan(
         self,
@@ -428,7 +429,9 @@ class RunTracker:
         )
         record.tasks = task_records(workflow, planned, mode, record.tasks)
         self._set_keys(record, planned)
-        self._reuse(record, self.store.run(record.run_id), record.identity)
+        run = self.store.run(record.run_id)
+        self._reuse(record, run, record.identity)
+        self._write_reused_task_files(run, record, aside=False)
         self.keys.update(record)
 
     def estimate(
@@ -610,6 +613,7 @@ def task_records(
                 inputs=dict(spec.inputs),
                 mode=workflow.mode_of(task_id, mode).value,
                 unit_timeout_s=spec.unit_timeout_s,
+                settings=spec.settings,
             )
         return tasks
     for task in planned:
@@ -626,5 +630,6 @@ def task_records(
             resources=dataclasses.asdict(task.resources),
             attempts=dict(earlier.attempts) if earlier else {},
             unit_timeout_s=workflow.spec.tasks[task.task_id].unit_timeout_s,
+            settings=workflow.spec.tasks[task.task_id].settings,
         )
     return tasks
