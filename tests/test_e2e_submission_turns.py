@@ -10,6 +10,7 @@ import pytest
 from e2e_support import E2E_MODEL, git_repo, write_workflow
 from simrun_runtime import record as record_module
 from simrun_tracker import runstore
+from simrun_tracker import tracker as tracker_module
 
 SLOW_IMPORT_S = 8
 
@@ -163,3 +164,15 @@ def test_a_run_slow_to_save_in_the_driver_holds_up_no_submission(start_server, c
             quick.join(timeout=60)
     assert not failed, failed
     assert answered_while_saving, "a submission waited for the driver's save of another run"
+
+
+def test_a_run_id_drawn_twice_is_drawn_again_not_a_failed_submission(start_server, client_for, e2e_model, monkeypatch):
+    """Ids of the same second differ only by six random hex digits: one that a run has already (or another
+    submission holds) is drawn again, where the second run's folder would not rename into place."""
+    client = client_for(start_server())
+    drawn = iter(["20261203-120000-aaaaaa", "20261203-120000-aaaaaa", "20261203-120000-bbbbbb"])
+    monkeypatch.setattr(tracker_module, "new_run_id", lambda: next(drawn))
+    workflow = write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow', settings: {units: 1}}}")
+    first, second = client.submit(workflow).run_id, client.submit(workflow, reuse="never").run_id
+    assert (first, second) == ("20261203-120000-aaaaaa", "20261203-120000-bbbbbb")
+    assert {r.run_id for r in client.list_runs()} == {first, second}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -176,6 +177,8 @@ class RunTracker:
             turns=self.turns,
         )
         self._request_locks = [threading.Lock() for _ in range(REQUEST_LOCKS)]
+        self._ids_lock = threading.Lock()
+        self._ids_in_flight: set[str] = set()
         active = self.runs.load(self.keys.rebuild)
         for record in active:
             self._restore_task_files(record)
@@ -234,9 +237,10 @@ class RunTracker:
         """Prepares the run in the submission's turn, then writes it aside and makes it durable and visible after
         it: making files is mostly the kernel's work, which then overlaps the next submission's turn."""
         record: RunRecord | None = None
+        run_id = self._new_run_id()
         try:
             with self.turns.turn():
-                record, planned = self._prepare(submission, identity)
+                record, planned = self._prepare(submission, identity, run_id)
 
             def write_tasks(staging: RunLayout) -> None:
                 assert record is not None
@@ -250,13 +254,27 @@ class RunTracker:
             if record is not None and record.reservation:  # `_prepare` reserves last: its record means reserved
                 self.executor.release(record.run_id)
             raise
+        finally:
+            with self._ids_lock:
+                self._ids_in_flight.discard(run_id)
         self.keys.update(created)
         return created
 
-    def _prepare(self, submission: Submission, identity: Identity) -> tuple[RunRecord, list[PlannedTask] | None]:
-        """A submission checked, resolved and planned into the record it will write: the record and its planned
-        tasks (None while its environment builds); the node it names is reserved last."""
-        run_id = new_run_id()
+    def _new_run_id(self) -> str:
+        """A run id that no run of the store has and no other submission holds: ids of the same second differ
+        only by six random hex digits, which a few hundred submissions a second share now and then."""
+        with self._ids_lock:
+            while True:
+                run_id = new_run_id()
+                if run_id not in self._ids_in_flight and not os.path.lexists(self.store.run(run_id).root):
+                    self._ids_in_flight.add(run_id)
+                    return run_id
+
+    def _prepare(
+        self, submission: Submission, identity: Identity, run_id: str
+    ) -> tuple[RunRecord, list[PlannedTask] | None]:
+        """A submission checked, resolved and planned into the record of `run_id` it will write: the record and its
+        planned tasks (None while its environment builds); the node it names is reserved last."""
         self.guard.check_submission(identity, submission.workflow, 0, 0)  # the text's size, before it is parsed
         workflow = self.workflows.parse(submission.workflow)
         self.guard.check_submission(
