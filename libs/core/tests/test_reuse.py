@@ -440,3 +440,21 @@ def test_a_run_s_unchanged_rows_are_not_written_again(tmp_path):
     rows = index._db.execute("SELECT key FROM task_keys WHERE run_id = 'r1'").fetchall()
     assert rows == [("k2",)]
     index.close()
+
+
+def test_a_run_s_rows_are_added_and_changed_as_its_tasks_end(tmp_path):
+    """A new run's rows are written without reading first; a later update adds the rows of tasks ended since
+    and changes the rows that changed, in one transaction, and keeps the others."""
+    index = KeyIndex(StoreLayout(tmp_path))
+    record = keyed_record("r1", BOB, datetime(2026, 1, 1, tzinfo=UTC))
+    record.tasks["fit"] = TaskRecord(task_id="fit", type="m:Fit", key="k-fit")  # pending: no row yet
+    index.update(record, new=True)
+    rows = "SELECT task_id, key, state FROM task_keys WHERE run_id = 'r1' ORDER BY task_id"
+    assert index._db.execute(rows).fetchall() == [("scan", "k", "succeeded")]
+    record.tasks["fit"].state = TaskState.SUCCEEDED
+    record.tasks["fit"].ended_at = datetime(2026, 1, 2, tzinfo=UTC)
+    record.tasks["scan"].key = "k2"
+    index.update(record)
+    assert index._db.execute(rows).fetchall() == [("fit", "k-fit", "succeeded"), ("scan", "k2", "succeeded")]
+    assert not index._db.in_transaction
+    index.close()

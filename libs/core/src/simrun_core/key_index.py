@@ -35,6 +35,7 @@ DROP INDEX IF EXISTS task_keys_by_key;
 CREATE INDEX IF NOT EXISTS task_keys_by_key_newest ON task_keys (key, ended_at, run_id, task_id);
 """
 _RUN_ROWS = "SELECT key, run_id, task_id, principal, state, split, ended_at FROM task_keys WHERE run_id = ?"
+_PUT_ROW = "INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
 PAGE_ROWS = 16
@@ -89,23 +90,31 @@ class KeyIndex:
         with self._lock:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM task_keys")
-            self._db.executemany("INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany(_PUT_ROW, rows)
             self._db.execute("COMMIT")
         return len(rows)
 
-    def update(self, record: RunRecord) -> None:
-        """Records the keys of one run's ended tasks as they are now (a task ended, a run was submitted)."""
+    def update(self, record: RunRecord, *, new: bool = False) -> None:
+        """Records the keys of one run's ended tasks as they are now (a task ended, a run was submitted: `new`,
+        a run with no rows yet).
+
+        An ended task stays ended with its key, so a run's rows are only added or changed, never removed: one
+        statement (in one transaction where it writes several rows). Each call into SQLite lets the interpreter's
+        lock go, and taking it back waits for the threads that run meanwhile, all while this index's lock is held:
+        concurrent submissions queue on every call made under it."""
         rows = list(_rows(record))
         if not rows:  # rows are of ended tasks, which stay ended: a run without one has none to replace either
             return
         with self._lock:
             # A run whose tasks all ended at submission (reused) ends with the rows it was submitted with: a read
             # costs a tenth of rewriting them.
-            if sorted(self._db.execute(_RUN_ROWS, (record.run_id,)).fetchall()) == sorted(rows):
+            if not new and sorted(self._db.execute(_RUN_ROWS, (record.run_id,)).fetchall()) == sorted(rows):
+                return
+            if len(rows) == 1:
+                self._db.execute(_PUT_ROW, rows[0])
                 return
             self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM task_keys WHERE run_id = ?", (record.run_id,))
-            self._db.executemany("INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany(_PUT_ROW, rows)
             self._db.execute("COMMIT")
 
     def find(
