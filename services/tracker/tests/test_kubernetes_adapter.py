@@ -98,12 +98,14 @@ def submitted(api: FakeApiServer, run_id: str = RUN, timeout: float = 10) -> Non
     )
 
 
-def test_submits_one_workflow_and_follows_a_pod_through_admission(make, api: FakeApiServer) -> None:
+def test_submits_one_workflow_and_follows_a_pod_through_admission(make, api: FakeApiServer, store) -> None:
     executor = make()
     woken = Woken()
     executor.subscribe(woken)
     assert executor.ordering is TaskOrdering.ADAPTER
     executor.start_run(scan_run(RUN))
+    # The folder each pod mounts read-write is there before the Workflow is (the pods lay out its files).
+    assert store.run(RUN).task("scan").root.is_dir()
     submitted(api)
     pods = wait_for(executor, lambda p: len(p) == 4)
     assert all(p.phase is PodPhase.PENDING for p in pods.values())
@@ -554,7 +556,7 @@ def test_an_archive_the_store_refuses_holds_up_no_other(make, api, store) -> Non
     executor.start_run(scan_run(RUN, pods=1))
     submitted(api)
     blocked = store.run(RUN).task("plot").logs
-    blocked.parent.mkdir(parents=True)
+    blocked.parent.mkdir(parents=True, exist_ok=True)  # made by `start_run`
     blocked.write_text("not a folder")  # the store refuses the plot pod's archive (as a full disk would)
     argo = ArgoScript(api.cluster)
     plot = argo.create_pod(RUN, "plot-w0", "w0")

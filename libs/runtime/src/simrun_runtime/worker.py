@@ -452,7 +452,7 @@ def _killed_unit(died: ProcessDied) -> int:
 
 
 def run_worker(env: PodEnv) -> int:
-    """Runs one worker pod; bad input is refused (exit 2) before anything is written."""
+    """Runs one worker pod; bad input is refused (exit 2) before anything but its task's files is written."""
     try:
         setup = TaskSetup.load(env.run_dir, env.task_id, env.worker)
         if not isinstance(setup.task_type, SplitTaskType):

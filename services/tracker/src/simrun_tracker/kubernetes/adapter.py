@@ -232,6 +232,10 @@ class KubernetesExecutor:
 
     def start_run(self, run: RunSpec) -> None:
         workflow = render_workflow(run, self.settings)
+        # Each pod mounts its task's folder read-write over the read-only run: made here, by the store's owner,
+        # before any pod can start (a missing subPath the kubelet would make as root); the pods lay out its files.
+        for task in run.tasks:
+            self.store.run(run.run_id).task(task.task_id).root.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._closed.is_set():
                 raise FailedPrecondition("the kubernetes executor is closed")
