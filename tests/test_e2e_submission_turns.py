@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from e2e_support import E2E_MODEL, git_repo, write_workflow
+from simrun_core.key_index import KeyIndex
 from simrun_runtime import record as record_module
 from simrun_tracker import runstore
 from simrun_tracker import tracker as tracker_module
@@ -135,7 +136,7 @@ def test_a_run_slow_to_save_in_the_driver_holds_up_no_submission(start_server, c
     write_atomic = record_module.write_bytes_atomic
 
     def slow_disk(path: Path, data: bytes, *, durable: bool = True) -> None:
-        if (path.parent / "tasks" / "slow").is_dir() and not disk_free.is_set():
+        if path.name == "run.json" and b'"slow"' in data and not disk_free.is_set():
             saving.set()
             disk_free.wait(timeout=60)
         write_atomic(path, data, durable=durable)
@@ -176,3 +177,46 @@ def test_a_run_id_drawn_twice_is_drawn_again_not_a_failed_submission(start_serve
     first, second = client.submit(workflow).run_id, client.submit(workflow, reuse="never").run_id
     assert (first, second) == ("20261203-120000-aaaaaa", "20261203-120000-bbbbbb")
     assert {r.run_id for r in client.list_runs()} == {first, second}
+
+
+def test_the_driver_records_a_run_s_keys_outside_its_turn(start_server, client_for, e2e_model, monkeypatch):
+    """The task key index's lock is shared with the submissions' lookups of earlier results: the driver records an
+    ended task's keys outside its turn, so while that waits (on the lock, on SQLite) a submission is answered."""
+    server = start_server()
+    client = client_for(server)
+    client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}"))  # describer warm
+    index_free = threading.Event()
+    recording = threading.Event()
+    update = KeyIndex.update
+
+    def slow_index(self, record, *, new: bool = False) -> None:
+        if not new and "slowkeys" in record.tasks and not index_free.is_set():
+            recording.set()
+            index_free.wait(timeout=60)
+        update(self, record, new=new)
+
+    monkeypatch.setattr(KeyIndex, "update", slow_index)
+    answered: list[str] = []
+    failed: list[BaseException] = []
+
+    def submit_quick() -> None:
+        try:
+            workflow = write_workflow(e2e_model, "tasks: {b: {type: 'e2etasks.tasks:Slow'}}", "b.yaml")
+            answered.append(client.submit(workflow).run_id)
+        except BaseException as exc:
+            failed.append(exc)
+
+    quick = threading.Thread(target=submit_quick)
+    try:
+        workflow = "tasks: {slowkeys: {type: 'e2etasks.tasks:Slow', settings: {units: 1, seconds: 0}}}"
+        client.submit(write_workflow(e2e_model, workflow, "slowkeys.yaml"))
+        assert recording.wait(timeout=30), "the driver never recorded the ended task's keys"
+        quick.start()
+        quick.join(timeout=20)
+        answered_while_recording = bool(answered)
+    finally:
+        index_free.set()
+        if quick.ident is not None:  # started
+            quick.join(timeout=60)
+    assert not failed, failed
+    assert answered_while_recording, "a submission waited for the driver's record of another run's keys"

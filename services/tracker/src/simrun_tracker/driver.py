@@ -100,14 +100,16 @@ class Driver:
     ) -> None:
         self.turns = turns or Turns()
         """The submissions' turns (`simrun_tracker.turns`): a step takes one, ahead of the queued submissions, and
-        steps out of it to call the executor, the learner or the planner, to check outputs, and to fsync a final
-        state."""
+        steps out of it to call the executor, the learner, the planner or the task key index, to check outputs,
+        and to save a record."""
         self.runs = runs
         self.output_check = output_check or (lambda task: None)
         """Why a task fails for the size of what it wrote (`Guard.output_failure`), or None: measured when its pods
         succeeded and, while it runs, every `config.output_check_s`."""
         self.telemetry = telemetry or Telemetry.off()
-        self.keys = keys
+        # The key index's lock is shared with the submissions' lookups of earlier results, which hold it outside
+        # their turns: waited for in the driver's turn, it would hold up every submission.
+        self.keys = stepping_out(keys, self.turns) if keys is not None else None
         self.executor = stepping_out(executor, self.turns)
         self.learner = stepping_out(learner, self.turns)
         self.environments = environments
