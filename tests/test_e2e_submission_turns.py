@@ -142,28 +142,8 @@ def test_a_run_slow_to_save_in_the_driver_holds_up_no_submission(start_server, c
         write_atomic(path, data, durable=durable)
 
     monkeypatch.setattr(record_module, "write_bytes_atomic", slow_disk)
-    answered: list[str] = []
-    failed: list[BaseException] = []
-
-    def submit_quick() -> None:
-        try:
-            workflow = write_workflow(e2e_model, "tasks: {b: {type: 'e2etasks.tasks:Slow'}}", "b.yaml")
-            answered.append(client.submit(workflow).run_id)
-        except BaseException as exc:
-            failed.append(exc)
-
-    quick = threading.Thread(target=submit_quick)
-    try:
-        client.submit(write_workflow(e2e_model, "tasks: {slow: {type: 'e2etasks.tasks:Slow'}}", "slow.yaml"))
-        assert saving.wait(timeout=30), "the driver never saved the slow run's step"
-        quick.start()
-        quick.join(timeout=20)
-        answered_while_saving = bool(answered)
-    finally:
-        disk_free.set()
-        if quick.ident is not None:  # started
-            quick.join(timeout=60)
-    assert not failed, failed
+    slow = "tasks: {slow: {type: 'e2etasks.tasks:Slow'}}"
+    answered_while_saving = answered_while_held(client, e2e_model, slow, saving, disk_free, "saved the slow run's step")
     assert answered_while_saving, "a submission waited for the driver's save of another run"
 
 
@@ -196,27 +176,39 @@ def test_the_driver_records_a_run_s_keys_outside_its_turn(start_server, client_f
         update(self, record, new=new)
 
     monkeypatch.setattr(KeyIndex, "update", slow_index)
+    slow = "tasks: {slowkeys: {type: 'e2etasks.tasks:Slow', settings: {units: 1, seconds: 0}}}"
+    answered_while_recording = answered_while_held(
+        client, e2e_model, slow, recording, index_free, "recorded the ended task's keys"
+    )
+    assert answered_while_recording, "a submission waited for the driver's record of another run's keys"
+
+
+def answered_while_held(
+    client, model: Path, workflow: str, held: threading.Event, free: threading.Event, what: str
+) -> bool:
+    """Submits `workflow`, waits until the driver is `held` on its run, and says whether another submission was
+    answered before `free` is set (set at the end, whatever happened)."""
     answered: list[str] = []
     failed: list[BaseException] = []
 
     def submit_quick() -> None:
         try:
-            workflow = write_workflow(e2e_model, "tasks: {b: {type: 'e2etasks.tasks:Slow'}}", "b.yaml")
-            answered.append(client.submit(workflow).run_id)
+            answered.append(
+                client.submit(write_workflow(model, "tasks: {b: {type: 'e2etasks.tasks:Slow'}}", "b.yaml")).run_id
+            )
         except BaseException as exc:
             failed.append(exc)
 
     quick = threading.Thread(target=submit_quick)
     try:
-        workflow = "tasks: {slowkeys: {type: 'e2etasks.tasks:Slow', settings: {units: 1, seconds: 0}}}"
-        client.submit(write_workflow(e2e_model, workflow, "slowkeys.yaml"))
-        assert recording.wait(timeout=30), "the driver never recorded the ended task's keys"
+        client.submit(write_workflow(model, workflow, "slow.yaml"))
+        assert held.wait(timeout=30), f"the driver never {what}"
         quick.start()
         quick.join(timeout=20)
-        answered_while_recording = bool(answered)
+        answered_while = bool(answered)
     finally:
-        index_free.set()
+        free.set()
         if quick.ident is not None:  # started
             quick.join(timeout=60)
     assert not failed, failed
-    assert answered_while_recording, "a submission waited for the driver's record of another run's keys"
+    return answered_while
