@@ -385,7 +385,9 @@ class RunTracker:
             for name, data in files.items():
                 write_bytes_new(run.task(task_id).root / name, data)
 
-    def _write_tasks(self, run: RunLayout, record: RunRecord, workflow: Workflow, tasks: list[str]) -> None:
+    def _write_task_files_from_workflow(
+        self, run: RunLayout, record: RunRecord, workflow: Workflow, tasks: list[str]
+    ) -> None:
         """Writes again, atomically and durably, the `settings.json` and `provenance.json` of `tasks` of a run
         recorded before a task's record kept its settings (its submission wrote them)."""
         provenance = record.provenance_bytes()
@@ -412,7 +414,7 @@ class RunTracker:
         ]
         if lost:
             log.warning("run %s: writing the files of tasks %s again from its record", record.run_id, ", ".join(lost))
-            self._write_tasks(run, record, parse_workflow(text), lost)
+            self._write_task_files_from_workflow(run, record, parse_workflow(text), lost)
 
     def _plan(
         self,
