@@ -279,7 +279,7 @@ def test_the_index_finds_the_newest_complete_result_the_caller_may_reuse(tmp_pat
 def test_the_index_is_rebuilt_from_the_records_and_stale_rows_are_misses(tmp_path):
     store = StoreLayout(tmp_path)
     save_run(store, "r1", BOB, TaskState.SUCCEEDED)
-    index = KeyIndex(store)
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
     index.rebuild(all_records(store))
     # The record changed behind the index (another key now): the record wins.
     record = RunRecord.load(store.run("r1"))
@@ -298,7 +298,7 @@ def test_a_failed_split_task_gives_its_done_units(tmp_path):
     store = StoreLayout(tmp_path)
     save_run(store, "r1", BOB, TaskState.FAILED, outputs=False, units=[1, 2, 7])
     save_run(store, "r2", BOB, TaskState.CANCELLED, outputs=False, units=[])
-    index = KeyIndex(store)
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
     index.rebuild(all_records(store))
     assert index.find("k-scan", BOB) == ReuseSource("r1", "scan", [1, 2, 7])
     assert index.find("k-scan", CAROL_AGENT) is None
@@ -361,7 +361,7 @@ def test_a_key_of_a_long_history_is_found_reading_only_its_newest_rows(tmp_path)
     when the newest holds; older pages are read only while the newer rows are misses, and rows of one time (ties)
     are each read once, none skipped."""
     store = StoreLayout(tmp_path)
-    index = KeyIndex(store)
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
     start = datetime(2026, 1, 1, tzinfo=UTC)
     records = {f"r{n:03d}": keyed_record(f"r{n:03d}", BOB, start + timedelta(seconds=n)) for n in range(500)}
     # 100 more ended at one instant, older than all of those: only the last of them in the index's order holds.
@@ -369,9 +369,9 @@ def test_a_key_of_a_long_history_is_found_reading_only_its_newest_rows(tmp_path)
     index.rebuild(records.values())
     loads: list[str] = []
     selects: list[str] = []
-    index._db.set_trace_callback(
-        lambda statement: selects.append(statement) if statement.startswith("SELECT") else None
-    )
+    reader = index._connect()  # the one reader these finds, one at a time, take from the pool
+    reader.set_trace_callback(lambda statement: selects.append(statement) if statement.startswith("SELECT") else None)
+    index._readers.put(reader)
 
     def load(run_id: str) -> RunRecord:
         loads.append(run_id)
@@ -415,7 +415,7 @@ def test_a_succeeded_result_anywhere_beats_a_newer_failed_task_s_units(tmp_path)
     store = StoreLayout(tmp_path)
     save_run(store, "r1-done", BOB, TaskState.SUCCEEDED)
     save_run(store, "r2-failed", BOB, TaskState.FAILED, outputs=False, units=[1, 2])
-    index = KeyIndex(store)
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
     index.rebuild(all_records(store))
     assert index.find("k-scan", BOB) == ReuseSource("r1-done", "scan")
     assert index.find("k-scan", BOB, resume_from="r2-failed") == ReuseSource("r1-done", "scan")
@@ -425,36 +425,103 @@ def test_a_succeeded_result_anywhere_beats_a_newer_failed_task_s_units(tmp_path)
     index.close()
 
 
-def test_a_run_s_unchanged_rows_are_not_written_again(tmp_path):
-    """A run whose tasks all ended at submission (reused) is updated again when it ends, with the same rows: that
-    update reads them and writes nothing; a changed row is written."""
-    index = KeyIndex(StoreLayout(tmp_path))
-    record = keyed_record("r1", BOB, datetime(2026, 1, 1, tzinfo=UTC))
-    index.update(record)
-    written = index._db.total_changes
-    index.update(record)
-    assert index._db.total_changes == written
-    record.tasks["scan"].key = "k2"
-    index.update(record)
-    assert index._db.total_changes > written
-    rows = index._db.execute("SELECT key FROM task_keys WHERE run_id = 'r1'").fetchall()
-    assert rows == [("k2",)]
+def holding_the_file(path):
+    """Another connection holding the index file's write lock: the index's writer cannot commit meanwhile, and
+    readers still read."""
+    import sqlite3
+
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+def test_an_update_waits_on_no_sqlite_call_and_a_find_sees_it_at_once(tmp_path):
+    """`update` queues a run's rows and the writer thread writes them: while it cannot write (the file locked),
+    an update returns at once and a find sees the rows, queued and in the transaction under way; the file has them
+    once the writer could write."""
+    import time
+
+    store = StoreLayout(tmp_path)
+    save_run(store, "r1", BOB, TaskState.SUCCEEDED)
+    save_run(store, "r2", BOB, TaskState.SUCCEEDED, key="k-other")
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
+    other = holding_the_file(tmp_path / "keys.sqlite")
+    began = time.monotonic()
+    index.update(RunRecord.load(store.run("r1")))
+    assert time.monotonic() - began < 0.5
+    deadline = time.monotonic() + 10
+    while not index._writing:  # the writer took r1's row into its transaction, which waits for the file
+        assert time.monotonic() < deadline, "the writer did not start writing"
+        time.sleep(0.01)
+    index.update(RunRecord.load(store.run("r2")))  # queued behind the transaction under way
+    assert index.find("k-scan", BOB) == ReuseSource("r1", "scan")
+    assert index.find("k-other", BOB) == ReuseSource("r2", "scan")
+    assert index._db.execute("SELECT count(*) FROM task_keys").fetchone() == (0,)
+    other.execute("COMMIT")
+    index.close()
+    rows = other.execute("SELECT run_id, key FROM task_keys ORDER BY run_id").fetchall()
+    assert rows == [("r1", "k-scan"), ("r2", "k-other")]
+
+
+def test_rows_in_memory_and_in_the_file_are_read_newest_first_each_once(tmp_path):
+    """A find merges the rows not yet written with the file's, in one order (newest first), and a queued row
+    stands for its task's older row in the file: each task is read once, where its newest row puts it."""
+    store = StoreLayout(tmp_path)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    records = {f"r{n}": keyed_record(f"r{n}", BOB, start + timedelta(seconds=n)) for n in range(1, 6)}
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
+    index.rebuild(records.values())
+    other = holding_the_file(tmp_path / "keys.sqlite")
+    records["r3"] = keyed_record("r3", BOB, start + timedelta(seconds=10))  # ended again, later: now the newest
+    records["r6"] = keyed_record("r6", BOB, start - timedelta(seconds=1))  # the oldest
+    records["r7"] = keyed_record("r7", CAROL_AGENT, start + timedelta(seconds=20))  # not Bob's to reuse
+    for run_id in ("r3", "r6", "r7"):
+        index.update(records[run_id])
+    finished_outputs(store.run("r6").task("scan"))
+    loads: list[str] = []
+
+    def load(run_id: str) -> RunRecord:
+        loads.append(run_id)
+        return records[run_id]
+
+    assert index.find("k", BOB, load=load) == ReuseSource("r6", "scan")
+    assert loads == ["r3", "r5", "r4", "r2", "r1", "r6"]
+    loads.clear()
+    assert index.find("k", BOB, resume_from="r2", load=load) == ReuseSource("r6", "scan")
+    assert loads == ["r2", "r3", "r5", "r4", "r1", "r6"]
+    loads.clear()
+    assert index.find("k", BOB, exclude_run="r3", load=load) == ReuseSource("r6", "scan")
+    assert loads == ["r5", "r4", "r2", "r1", "r6"]
+    other.execute("COMMIT")
+    index.flush()
+    loads.clear()
+    assert index.find("k", BOB, load=load) == ReuseSource("r6", "scan")
+    assert loads == ["r3", "r5", "r4", "r2", "r1", "r6"]  # the same, all from the file now
     index.close()
 
 
 def test_a_run_s_rows_are_added_and_changed_as_its_tasks_end(tmp_path):
-    """A new run's rows are written without reading first; a later update adds the rows of tasks ended since
-    and changes the rows that changed, in one transaction, and keeps the others."""
-    index = KeyIndex(StoreLayout(tmp_path))
+    """A later update adds the rows of tasks ended since and changes the rows that changed, and keeps the
+    others; what the writer could not write is written later, none lost."""
+    index = KeyIndex(StoreLayout(tmp_path), tmp_path / "keys.sqlite")
     record = keyed_record("r1", BOB, datetime(2026, 1, 1, tzinfo=UTC))
     record.tasks["fit"] = TaskRecord(task_id="fit", type="m:Fit", key="k-fit")  # pending: no row yet
-    index.update(record, new=True)
+    index.update(record)
+    index.flush()
     rows = "SELECT task_id, key, state FROM task_keys WHERE run_id = 'r1' ORDER BY task_id"
     assert index._db.execute(rows).fetchall() == [("scan", "k", "succeeded")]
     record.tasks["fit"].state = TaskState.SUCCEEDED
     record.tasks["fit"].ended_at = datetime(2026, 1, 2, tzinfo=UTC)
     record.tasks["scan"].key = "k2"
+    other = holding_the_file(tmp_path / "keys.sqlite")
+    other.execute("PRAGMA busy_timeout = 0")
+    index._db.execute("PRAGMA busy_timeout = 0")  # a write that finds the file locked fails at once
     index.update(record)
+    import sqlite3
+
+    with pytest.raises(sqlite3.OperationalError):
+        index.flush()
+    other.execute("COMMIT")
+    index.flush()  # queued again (by this flush or the writer's), and written now
     assert index._db.execute(rows).fetchall() == [("fit", "k-fit", "succeeded"), ("scan", "k2", "succeeded")]
-    assert not index._db.in_transaction
     index.close()

@@ -257,7 +257,7 @@ class RunTracker:
         finally:
             with self._ids_lock:
                 self._ids_in_flight.discard(run_id)
-        self.keys.update(created, new=True)
+        self.keys.update(created)
         return created
 
     def _new_run_id(self) -> str:
