@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from simrun_core.errors import NotFound
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import Identity, OomKill, RunRecord, RunState, TaskRecord
 from simrun_tracker.index import RunIndex, row_from_record
@@ -262,6 +263,27 @@ def test_the_run_store_hands_out_copies_that_share_nothing_with_what_it_keeps(tm
         copy.identity.name = "mallory"
         again = runs.get("r1")
         assert again == record, "a change to a copy reached the record the store keeps"
+        # To read only (an earlier run to reuse), the store's own record, without a copy: active or final.
+        assert runs.read("r1") is runs.read("r1") == record
+        final = again.model_copy(update={"state": RunState.SUCCEEDED})
+        runs.save(final)
+        assert runs.read("r1") is runs.read("r1") is runs.get("r1")
+        with pytest.raises(NotFound):
+            runs.read("r2")
+    finally:
+        runs.index.close()
+
+
+def test_a_placed_run_s_record_is_the_store_s_own(tmp_path: Path) -> None:
+    """A submission's record is placed without a copy (the submission only reads it then): readers that only
+    read share it, and `get` still hands out copies of it."""
+    runs = RunStore(StoreLayout(tmp_path / "store"), tmp_path / "index.sqlite")
+    record = RunRecord(run_id="r1", identity=BOB_AGENT, created_at=T0)
+    try:
+        placed = runs.place(record, runs.stage(record, lambda staging: None))
+        assert placed is record is runs.read("r1")
+        copy = runs.get("r1")
+        assert copy == record and copy is not record
     finally:
         runs.index.close()
 

@@ -73,7 +73,9 @@ class RunStore:
 
         A run appears whole or not at all: a failure removes the staging folder and leaves nothing behind.
         """
-        return self.place(record, self.stage(record, write_tasks))
+        staging = self.stage(record, write_tasks)
+        self.place(_copy(record), staging)
+        return record
 
     def stage(self, record: RunRecord, write_tasks: Callable[[RunLayout], None]) -> RunLayout:
         """The first half of `create`: writes a new run aside, without fsync, and returns its staging folder,
@@ -91,7 +93,8 @@ class RunStore:
 
     def place(self, record: RunRecord, staging: RunLayout) -> RunRecord:
         """The second half of `create`: fsyncs a staged run's record, renames the run into place and makes it
-        active (a failure removes the staging folder)."""
+        active (a failure removes the staging folder). `record` becomes the store's, which readers share: the
+        caller only reads it from then on (a submission answers with it), so it is not copied."""
         try:
             fsync_file(staging.record)
             os.rename(staging.root, self.layout.run(record.run_id).root)
@@ -99,7 +102,7 @@ class RunStore:
             shutil.rmtree(staging.root, ignore_errors=True)
             raise
         self.index.put(row_from_record(record, {}))
-        self._publish(record)
+        self._publish(record, owned=True)
         return record
 
     def save(self, record: RunRecord, *, durable: bool | None = None) -> None:
@@ -114,8 +117,9 @@ class RunStore:
         self.index.put(row_from_record(record, summaries))
         self._publish(record)
 
-    def _publish(self, record: RunRecord) -> None:
-        copy = _copy(record)
+    def _publish(self, record: RunRecord, *, owned: bool = False) -> None:
+        """Makes a saved record the one readers get (`owned`: the store's already, else a copy of it)."""
+        copy = record if owned else _copy(record)
         with self._changed:
             if copy.state.final:
                 if self._active.pop(copy.run_id, None) is not None:
@@ -167,6 +171,16 @@ class RunStore:
             with self._lock:
                 self._keep_final(record)
         return record
+
+    def read(self, run_id: str) -> RunRecord:
+        """A run's record to read only, never to change: the store's own (no copy), else the record on disk.
+
+        Raises:
+            NotFound: no such run (or an id that is not one).
+        """
+        with self._lock:
+            record = self._active.get(run_id) or self._final.get(run_id)
+        return record if record is not None else self.get(run_id)
 
     def _keep_final(self, record: RunRecord) -> None:
         self._final[record.run_id] = record

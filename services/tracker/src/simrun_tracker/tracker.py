@@ -335,9 +335,9 @@ class RunTracker:
 
     def _earlier_record(self, run_id: str) -> RunRecord | None:
         """An earlier run's record for reuse, as the run store keeps it (a final one is read from its file once),
-        or None where it has none that loads (read only: a final record is shared)."""
+        or None where it has none that loads (read only: the store's own, shared)."""
         try:
-            return self.runs.get(run_id)
+            return self.runs.read(run_id)
         except (NotFound, OSError, ValueError):
             return None
 
