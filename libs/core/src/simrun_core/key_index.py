@@ -44,7 +44,7 @@ _PUT_ROW = "INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?)"
 log = logging.getLogger(__name__)
 
 COALESCE_S = 0.05
-"""How long the writer lets rows gather before it writes them (`find` reads the queued rows from memory)."""
+"""How long a cache's writer thread lets rows gather before it writes them in one transaction."""
 
 PAGE_ROWS = 16
 """Candidates read from the index at a time, newest first: the newest usable one nearly always comes first, so a
@@ -79,6 +79,40 @@ def as_cache(connection: sqlite3.Connection) -> None:
     connection.execute("PRAGMA synchronous=OFF")
 
 
+def start_writer(
+    name: str,
+    changed: threading.Condition,
+    queued: Callable[[], bool],
+    closed: Callable[[], bool],
+    flush: Callable[[], None],
+    window_s: float = COALESCE_S,
+) -> threading.Thread:
+    """Starts a cache's writer thread (the run index, the task keys): it waits for a first queued row, lets the
+    rows of `window_s` join it in one transaction (`flush`), until `closed`; a failed write is logged and tried
+    again a second later. Concurrent submissions and the driver's steps each queue rows: a transaction rewrites a
+    page of every index of the table, so one per window, not one per row."""
+
+    def write_in_windows() -> None:
+        while True:
+            with changed:
+                while not queued() and not closed():
+                    changed.wait()
+                if closed():
+                    return
+                changed.wait(window_s)
+                if closed():
+                    return
+            try:
+                flush()
+            except Exception:
+                log.exception("%s: a write failed; its rows are tried again in a second", name)
+                time.sleep(1.0)
+
+    thread = threading.Thread(target=write_in_windows, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 class KeyIndex:
     """Task keys of the store's runs, in a SQLite file; thread-safe, and no thread waits on another's SQLite call.
 
@@ -103,8 +137,9 @@ class KeyIndex:
         """The rows of the transaction under way, which `find` still reads from memory until it is committed."""
         self._closed = False
         self._readers: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write_queued, name="task-keys-writer", daemon=True)
-        self._writer.start()
+        self._writer = start_writer(
+            "task-keys-writer", self._queue, lambda: bool(self._queued), lambda: self._closed, self.flush
+        )
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
@@ -164,24 +199,6 @@ class KeyIndex:
                 raise
             with self._queue:
                 self._writing = {}
-
-    def _write_queued(self) -> None:
-        while True:
-            with self._queue:
-                while not self._queued and not self._closed:
-                    self._queue.wait()
-                if self._closed:
-                    return
-                # Rows that come within the window go in the same transaction: concurrent submissions and the
-                # driver's ended runs each queue theirs.
-                self._queue.wait(COALESCE_S)
-                if self._closed:
-                    return
-            try:
-                self.flush()
-            except Exception:
-                log.exception("writing the task key index failed; its rows are tried again in a second")
-                time.sleep(1.0)
 
     def find(
         self,

@@ -10,13 +10,12 @@ import json
 import logging
 import sqlite3
 import threading
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from simrun_core.key_index import as_cache
+from simrun_core.key_index import as_cache, start_writer
 from simrun_runtime.layout import SUMMARY, StoreLayout, read_beneath
 from simrun_runtime.record import RunRecord
 from sqlalchemy import Engine, Index, event, inspect, tuple_
@@ -143,10 +142,6 @@ def _column_value(value: object) -> object:
     return value
 
 
-COALESCE_S = 0.05
-"""How long the writer lets rows gather before it writes them (a read writes the queued rows first)."""
-
-
 class RunIndex:
     """Lists and filters runs without reading every record; the records stay the source of truth.
 
@@ -182,8 +177,9 @@ class RunIndex:
             index.create(self._engine, checkfirst=True)
         self._writes = sqlite3.connect(path, check_same_thread=False)
         as_cache(self._writes)
-        self._writer = threading.Thread(target=self._write_queued, name="run-index-writer", daemon=True)
-        self._writer.start()
+        self._writer = start_writer(
+            "run-index-writer", self._queue_changed, lambda: bool(self._queued), lambda: self._closed, self.flush
+        )
 
     def rebuild(self, store: StoreLayout) -> list[RunRecord]:
         """Empties the index and fills it from every `runs/<id>/run.json`; returns the records read."""
@@ -240,24 +236,6 @@ class RunIndex:
         """Queues rows again, behind any newer row of the same run."""
         with self._queue_changed:
             self._queued = {**{row["run_id"]: row for row in rows}, **self._queued}
-
-    def _write_queued(self) -> None:
-        while True:
-            with self._queue_changed:
-                while not self._queued and not self._closed:
-                    self._queue_changed.wait()
-                if self._closed:
-                    return
-                # Rows that come within the window go in the same transaction: a transaction rewrites a page of
-                # every index of the table, and concurrent submissions and driver steps each put a row.
-                self._queue_changed.wait(COALESCE_S)
-                if self._closed:
-                    return
-            try:
-                self.flush()
-            except Exception:
-                log.exception("writing the run index failed; its rows are tried again in a second")
-                time.sleep(1.0)
 
     def rows(
         self, group: str = "", state: str = "", owner: str = "", visible: Visibility | None = None
