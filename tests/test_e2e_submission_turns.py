@@ -128,19 +128,10 @@ def test_a_run_slow_to_write_holds_up_no_other_submission(start_server, client_f
 def test_a_run_slow_to_save_in_the_driver_holds_up_no_submission(start_server, client_for, e2e_model, monkeypatch):
     """The driver saves a run's record outside its turn: while its save of one run's step waits on a slow disk,
     a submission is checked, planned and answered (before, it waited for the turn the driver held)."""
-    server = start_server()
-    client = client_for(server)
-    client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}"))  # describer warm
-    disk_free = threading.Event()
-    saving = threading.Event()
-    write_atomic = record_module.write_bytes_atomic
-
-    def slow_disk(path: Path, data: bytes, *, durable: bool = True) -> None:
-        if path.name == "run.json" and b'"slow"' in data and not disk_free.is_set():
-            saving.set()
-            disk_free.wait(timeout=60)
-        write_atomic(path, data, durable=durable)
-
+    client = warm_client(start_server, client_for, e2e_model)
+    slow_disk, saving, disk_free = held_when(
+        record_module.write_bytes_atomic, lambda path, data, **_: path.name == "run.json" and b'"slow"' in data
+    )
     monkeypatch.setattr(record_module, "write_bytes_atomic", slow_disk)
     slow = "tasks: {slow: {type: 'e2etasks.tasks:Slow'}}"
     answered_while_saving = answered_while_held(client, e2e_model, slow, saving, disk_free, "saved the slow run's step")
@@ -162,26 +153,38 @@ def test_a_run_id_drawn_twice_is_drawn_again_not_a_failed_submission(start_serve
 def test_the_driver_records_a_run_s_keys_outside_its_turn(start_server, client_for, e2e_model, monkeypatch):
     """The driver records an ended task's keys outside its turn, so while that is held a submission is answered
     (a key index may wait: on a lock, on SQLite, on a service)."""
-    server = start_server()
-    client = client_for(server)
-    client.submit(write_workflow(e2e_model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}"))  # describer warm
-    index_free = threading.Event()
-    recording = threading.Event()
-    update = KeyIndex.update
-
-    def slow_index(self, record) -> None:
-        # The driver's update, once the task ended (its submission's has no ended task to record).
-        if "slowkeys" in record.tasks and record.tasks["slowkeys"].state.final and not index_free.is_set():
-            recording.set()
-            index_free.wait(timeout=60)
-        update(self, record)
-
+    client = warm_client(start_server, client_for, e2e_model)
+    # The driver's update, once the task ended (its submission's has no ended task to record).
+    slow_index, recording, index_free = held_when(
+        KeyIndex.update, lambda _index, record: "slowkeys" in record.tasks and record.tasks["slowkeys"].state.final
+    )
     monkeypatch.setattr(KeyIndex, "update", slow_index)
     slow = "tasks: {slowkeys: {type: 'e2etasks.tasks:Slow', settings: {units: 1, seconds: 0}}}"
     answered_while_recording = answered_while_held(
         client, e2e_model, slow, recording, index_free, "recorded the ended task's keys"
     )
     assert answered_while_recording, "a submission waited for the driver's record of another run's keys"
+
+
+def warm_client(start_server, client_for, model: Path):
+    """A client of a new server whose model's describer is warm (one run submitted)."""
+    client = client_for(start_server())
+    client.submit(write_workflow(model, "tasks: {a: {type: 'e2etasks.tasks:Slow'}}"))
+    return client
+
+
+def held_when(call, holds):
+    """A stand-in for `call` that, while not freed, holds each call `holds` matches until freed; returns it with
+    the events `held` (set once one is held) and `free` (set to let them go)."""
+    held, free = threading.Event(), threading.Event()
+
+    def stand_in(*args, **kwargs):
+        if holds(*args, **kwargs) and not free.is_set():
+            held.set()
+            free.wait(timeout=60)
+        return call(*args, **kwargs)
+
+    return stand_in, held, free
 
 
 def answered_while_held(
