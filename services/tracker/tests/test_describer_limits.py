@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,15 +40,17 @@ def test_concurrent_submissions_of_a_model_get_a_second_describer_and_one_at_a_t
 ) -> None:
     (tmp_path / "slowtype.py").write_text(
         "import os, time\nfrom simrun_runtime.tasktype import TaskSettings, UnsplitTaskType\n"
-        "class Settings(TaskSettings):\n    seconds: float = 0.0\n"
+        "class Settings(TaskSettings):\n    seconds: float = 0.0\n    tag: int = 0\n"
         "class Task(UnsplitTaskType):\n    Settings = Settings\n"
         "    def cost_value(self, settings):\n        time.sleep(settings.seconds)\n        return str(os.getpid())\n"
         "    def run(self, settings, context):\n        return {}\n"
     )
     describer = SubprocessDescriber(timeout_s=30, confinement=PodConfinement("off"))
+    tags = itertools.count()
 
     def pid_of(seconds: float) -> int:
-        request = DescribeRequest(type="slowtype:Task", settings={"seconds": seconds})
+        # Each submission's settings differ (`tag`): the same requests again would be answered from memory.
+        request = DescribeRequest(type="slowtype:Task", settings={"seconds": seconds, "tag": next(tags)})
         (response,) = describer.describe(sys.executable, tmp_path, [request])
         assert response.ok, response.error
         assert response.description is not None
@@ -68,16 +71,19 @@ def test_a_burst_of_submissions_waits_for_the_warm_describer_not_for_a_second_on
     answered by the first one, which is free again within milliseconds."""
     (tmp_path / "slowimport.py").write_text(
         "import os, time\nfrom simrun_runtime.tasktype import TaskSettings, UnsplitTaskType\ntime.sleep(3)\n"
-        "class Settings(TaskSettings):\n    seconds: float = 0.0\n"
+        "class Settings(TaskSettings):\n    seconds: float = 0.0\n    tag: int = 0\n"
         "class Task(UnsplitTaskType):\n    Settings = Settings\n"
         "    def cost_value(self, settings):\n        time.sleep(settings.seconds)\n        return str(os.getpid())\n"
         "    def run(self, settings, context):\n        return {}\n"
     )
     describer = SubprocessDescriber(timeout_s=30, confinement=PodConfinement("off"))
 
+    tags = itertools.count()
+
     def timed_pid(seconds: float) -> tuple[float, int]:
+        # Each submission's settings differ (`tag`): the same requests again would be answered from memory.
         begun = time.monotonic()
-        request = DescribeRequest(type="slowimport:Task", settings={"seconds": seconds})
+        request = DescribeRequest(type="slowimport:Task", settings={"seconds": seconds, "tag": next(tags)})
         (response,) = describer.describe(sys.executable, tmp_path, [request])
         assert response.ok, response.error
         assert response.description is not None

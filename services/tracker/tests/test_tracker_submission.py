@@ -170,7 +170,7 @@ def alive(pid: int) -> bool:
 
 
 def test_describer_process_is_reused_restarted_after_a_kill_and_closed(model_root: Path) -> None:
-    describer = SubprocessDescriber(timeout_s=30)
+    describer = SubprocessDescriber(timeout_s=30, answers_kept=0)  # every request reaches the process
     try:
         first = pid_of(describer, model_root)
         assert first != os.getpid()

@@ -36,6 +36,12 @@ class TypeDescriber(Protocol):
 _Key = tuple[str, str, tuple[str, ...], int]
 """A describer process's key: the interpreter, the model root, the library snapshots it may read, its slot."""
 
+_AnswerKey = tuple[str, str, tuple[str, ...], str]
+"""An answer's key: the interpreter, the model root, the library snapshots, the requests as sent (JSON)."""
+
+ANSWERS_KEPT = 1024
+"""How many answers a describer keeps for the same requests again (the least recently used go first)."""
+
 
 class _NoAnswer(Exception):
     """The describer gave no answer within the time limit."""
@@ -54,6 +60,11 @@ class SubprocessDescriber:
     and up to `per_model` while submissions of the model come at once (each further one started in the background,
     while the burst that asked for it is answered by the warm ones).
 
+    The same requests of the same snapshots are answered again from memory (`answers_kept`, the least recently
+    used forgotten first), as an agent sending one experiment again and again asks them: only an answer whose
+    every type was described (`ok`) and declares itself `cacheable` is kept, so a type whose results may differ
+    from run to run is described every time.
+
     A model root is an immutable snapshot, so what a describer imported from it never goes stale; keeping the
     process makes a submission cost a round trip instead of an interpreter start and the model's imports.
     The model's imports are user code: the process is confined as a pod is (it reads the model root and its
@@ -67,12 +78,16 @@ class SubprocessDescriber:
         timeout_s: float = 60.0,
         confinement: PodConfinement | None = None,
         per_model: int = 2,
+        answers_kept: int = ANSWERS_KEPT,
     ) -> None:
         # Well under a client's 120 s deadline, so the client hears why instead of `Deadline Exceeded`.
         self._max = max_processes
         self._timeout_s = timeout_s
         self._confinement = confinement or PodConfinement()
         self._per_model = per_model
+        self._answers_kept = answers_kept
+        self._answers: OrderedDict[_AnswerKey, str] = OrderedDict()
+        """The kept answers, each the describer's line."""
         self._lock = threading.Lock()
         self._processes: OrderedDict[_Key, _Process] = OrderedDict()
         self._released = threading.Condition()
@@ -84,11 +99,24 @@ class SubprocessDescriber:
     ) -> list[DescribeResponse]:
         """The descriptions of `requests`, in order; `libraries` are the run's other snapshots (the folders of the
         model's path dependencies), which the model's imports may read as the run's pods do."""
+        roots = tuple(str(p) for p in libraries)
+        sent = json.dumps([r.model_dump(mode="json") for r in requests])
+        answer_key = (interpreter, str(model_root), roots, sent)
+        with self._lock:
+            kept = self._answers.get(answer_key)
+            if kept is not None:
+                self._answers.move_to_end(answer_key)
+        if kept is not None:
+            return _responses(kept)
         for attempt in range(2):
-            key, process = self._claim(interpreter, str(model_root), tuple(str(p) for p in libraries), requests)
+            key, process = self._claim(interpreter, str(model_root), roots, requests)
             try:
                 process.used = time.monotonic()
-                return self._round_trip(process.proc, requests)
+                line = self._round_trip(process.proc, sent)
+                responses = _responses(line)
+                if all(r.ok and r.description is not None and r.description.cacheable for r in responses):
+                    self._keep(answer_key, line)
+                return responses
             except _NoAnswer:
                 # Not tried again: a model whose import hangs would hang again, long after the client left.
                 self._drop(key, process)
@@ -105,6 +133,13 @@ class SubprocessDescriber:
                     self._releases += 1
                     self._released.notify_all()
         raise AssertionError("unreachable")
+
+    def _keep(self, key: _AnswerKey, line: str) -> None:
+        with self._lock:
+            self._answers[key] = line
+            self._answers.move_to_end(key)
+            while len(self._answers) > self._answers_kept:
+                self._answers.popitem(last=False)
 
     def _no_answer(self, model_root: Path | str) -> FailedPrecondition:
         return FailedPrecondition(
@@ -146,9 +181,10 @@ class SubprocessDescriber:
                         raise self._no_answer(model_root)
                     self._released.wait(remaining)
 
-    def _round_trip(self, proc: subprocess.Popen[str], requests: list[DescribeRequest]) -> list[DescribeResponse]:
+    def _round_trip(self, proc: subprocess.Popen[str], sent: str) -> str:
+        """The describer's answer (a line of JSON) to `sent` (a JSON list of requests)."""
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps([r.model_dump(mode="json") for r in requests]) + "\n")
+        proc.stdin.write(sent + "\n")
         proc.stdin.flush()
         ready, _, _ = select.select([proc.stdout], [], [], self._timeout_s)
         if not ready:
@@ -158,7 +194,7 @@ class SubprocessDescriber:
         line = proc.stdout.readline()
         if not line:
             raise EOFError(f"the describer exited with {proc.wait()}")
-        return [DescribeResponse.model_validate(item) for item in json.loads(line)]
+        return line
 
     def _running(self, key: _Key) -> _Process | None:
         """The describer of `key` if it is running (one that exited is closed and forgotten)."""
@@ -224,7 +260,7 @@ class SubprocessDescriber:
 
     def _warm(self, key: _Key, process: _Process, requests: list[DescribeRequest]) -> None:
         try:
-            self._round_trip(process.proc, requests)
+            self._round_trip(process.proc, json.dumps([r.model_dump(mode="json") for r in requests]))
         except (_NoAnswer, BrokenPipeError, OSError, ValueError, EOFError):
             self._drop(key, process)
         finally:
@@ -245,6 +281,11 @@ class SubprocessDescriber:
             self._processes.clear()
         for process in processes:
             _stop(process)
+
+
+def _responses(line: str) -> list[DescribeResponse]:
+    """The responses of a describer's answer (new objects each time: a caller may change its own)."""
+    return [DescribeResponse.model_validate(item) for item in json.loads(line)]
 
 
 def _stop(process: _Process) -> None:
