@@ -8,6 +8,7 @@ is a miss. A SQLite file without WAL (the store may be NFS, where WAL does not w
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import queue
 import sqlite3
@@ -294,15 +295,23 @@ class KeyIndex:
             after = rows[-1]
 
     def _read(self, statement: str, parameters: tuple[object, ...]) -> list[tuple[str, str, str]]:
-        """The rows of a query, on a reader connection of the pool (a new one when every one is in use)."""
+        """The (ended, run, task) rows of a query, newest first, on a reader connection of the pool (a new one
+        when every one is in use).
+
+        SQLite hands over the rows as one JSON array: `sqlite3` lets go of the interpreter's lock for every step
+        of a statement, and under concurrent submissions each step waits to take it back (a 16-row page took
+        about 10 ms so, against 3 ms as one row). They are put in the index's order again here."""
         try:
             connection = self._readers.get_nowait()
         except queue.Empty:
             connection = self._connect()
         try:
-            return connection.execute(statement, parameters).fetchall()
+            ((rows,),) = connection.execute(
+                "SELECT json_group_array(json_array(ended_at, run_id, task_id)) FROM (" + statement + ")", parameters
+            ).fetchall()
         finally:
             self._readers.put(connection)
+        return sorted(((ended, run, task) for ended, run, task in json.loads(rows)), reverse=True)
 
     def _load(self, run_id: str) -> RunRecord | None:
         try:
