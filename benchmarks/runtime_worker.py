@@ -33,6 +33,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from file_systems import file_system
 from simrun_runtime.layout import TaskLayout
 from simrun_runtime.merge import merge_task
 from simrun_runtime.pod import TaskSetup
@@ -335,7 +336,7 @@ def main() -> None:
             model_root = root / "model"
             model_root.mkdir()
             (model_root / "simrun_bench_model.py").write_text(MODEL)
-            label = "tmpfs" if str(directory).startswith("/dev/shm") else "disk"
+            label = file_system(directory)
             if "tiny" not in args.skip:
                 tiny_units(root, model_root, label, sorted(args.sizes), args.processes, args.repeats)
             if "pool" not in args.skip:

@@ -49,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_submit import MODEL, TOKEN, config, model_repo, model_repo_at, percentile
+from file_systems import file_system
 from simrun.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, tracker_pb2, tracker_pb2_grpc
 from simrun_client.client import Client
 from simrun_client.snapshots import upload_snapshot
@@ -305,21 +306,6 @@ def idle_with_queue(root: Path, queued: int, seconds: float, settle_s: float = 1
         return 100.0 * used / (time.monotonic() - start)
     finally:
         tracker.close()
-
-
-def file_system(path: Path) -> str:
-    """The type of the file system that holds `path`, from /proc/mounts (the longest mount point above it)."""
-    path = path.resolve()
-    best, kind = "", "unknown"
-    try:
-        mounts = Path("/proc/mounts").read_text().splitlines()
-    except OSError:
-        return kind
-    for line in mounts:
-        fields = line.split()
-        if len(fields) >= 3 and path.is_relative_to(fields[1]) and len(fields[1]) > len(best):
-            best, kind = fields[1], fields[2]
-    return kind
 
 
 def new_folder(work: Path) -> Path:
