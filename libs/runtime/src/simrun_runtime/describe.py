@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from pydantic import BaseModel, ValidationError
@@ -43,6 +44,16 @@ class DescribeResponse(BaseModel):
     description: TypeDescription | None = None
 
 
+def as_line(items: Sequence[DescribeRequest] | Sequence[DescribeResponse]) -> str:
+    """Requests or responses as `--serve` carries them: one JSON list on one line (without its newline)."""
+    return json.dumps([item.model_dump(mode="json") for item in items])
+
+
+def responses_of(line: str) -> list[DescribeResponse]:
+    """The responses of a line that `--serve` answered (new objects each call: a caller may change its own)."""
+    return [DescribeResponse.model_validate(item) for item in json.loads(line)]
+
+
 def describe(request: DescribeRequest) -> DescribeResponse:
     """Describes one type; user code errors become `error`, never an exception."""
     try:
@@ -64,7 +75,7 @@ def serve(stdin: TextIO, out: TextIO) -> int:
         else:
             with contextlib.redirect_stdout(sys.stderr):
                 responses = [describe(request) for request in requests]
-        out.write(json.dumps([r.model_dump(mode="json") for r in responses]) + "\n")
+        out.write(as_line(responses) + "\n")
         out.flush()
     return 0
 

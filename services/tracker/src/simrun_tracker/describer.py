@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import shutil
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from simrun_core.errors import FailedPrecondition, Unavailable
-from simrun_runtime.describe import DescribeRequest, DescribeResponse
+from simrun_runtime.describe import DescribeRequest, DescribeResponse, as_line, responses_of
 
 from simrun_tracker.local.confinement import PodConfinement, PodPaths, pod_environment
 
@@ -100,20 +99,20 @@ class SubprocessDescriber:
         """The descriptions of `requests`, in order; `libraries` are the run's other snapshots (the folders of the
         model's path dependencies), which the model's imports may read as the run's pods do."""
         roots = tuple(str(p) for p in libraries)
-        sent = json.dumps([r.model_dump(mode="json") for r in requests])
+        sent = as_line(requests)
         answer_key = (interpreter, str(model_root), roots, sent)
         with self._lock:
             kept = self._answers.get(answer_key)
             if kept is not None:
                 self._answers.move_to_end(answer_key)
         if kept is not None:
-            return _responses(kept)
+            return responses_of(kept)
         for attempt in range(2):
             key, process = self._claim(interpreter, str(model_root), roots, requests)
             try:
                 process.used = time.monotonic()
                 line = self._round_trip(process.proc, sent)
-                responses = _responses(line)
+                responses = responses_of(line)
                 if all(r.ok and r.description is not None and r.description.cacheable for r in responses):
                     self._keep(answer_key, line)
                 return responses
@@ -260,7 +259,7 @@ class SubprocessDescriber:
 
     def _warm(self, key: _Key, process: _Process, requests: list[DescribeRequest]) -> None:
         try:
-            self._round_trip(process.proc, json.dumps([r.model_dump(mode="json") for r in requests]))
+            self._round_trip(process.proc, as_line(requests))
         except (_NoAnswer, BrokenPipeError, OSError, ValueError, EOFError):
             self._drop(key, process)
         finally:
@@ -281,11 +280,6 @@ class SubprocessDescriber:
             self._processes.clear()
         for process in processes:
             _stop(process)
-
-
-def _responses(line: str) -> list[DescribeResponse]:
-    """The responses of a describer's answer (new objects each time: a caller may change its own)."""
-    return [DescribeResponse.model_validate(item) for item in json.loads(line)]
 
 
 def _stop(process: _Process) -> None:
