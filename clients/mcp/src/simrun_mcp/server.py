@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
@@ -19,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.to_thread
+import regex
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
@@ -47,6 +47,9 @@ MAX_PAGE_SIZE = 100
 DEFAULT_MAX_STREAMS = 100
 # Seconds a watch may run past its timeout_s while its last read comes back.
 WATCH_GRACE_S = 1.0
+# Seconds of matching one get_logs call may spend on its pattern: a pattern that backtracks without end (nested
+# repeats such as `(a|a)+$`) is stopped there, inside the match (`regex`'s timeout), so no thread goes on computing.
+MATCH_BUDGET_S = 5.0
 
 INSTRUCTIONS = """\
 simrun runs simulation workflows (parameter scans, repeated fits) from a git working tree on a shared cluster.
@@ -289,14 +292,14 @@ class Bridge:
     ) -> models.Logs:
         """The last lines of a task's pod logs, optionally only those matching a pattern. Never follows."""
         try:
-            regex = re.compile(pattern) if pattern else None
-        except re.error as exc:
+            compiled = regex.compile(pattern) if pattern else None
+        except regex.error as exc:
             raise InvalidArgument(f"pattern {pattern!r} is not a regular expression: {exc}") from None
         run = await self.blocking(self.client.get_run, run_id)
         task = task_id or _pick_task(run)
         if task is None:
             raise InvalidArgument(f"run {run_id} has no tasks")
-        pods = await self.blocking(self._read_logs, run_id, task, worker, tail_lines, regex)
+        pods = await self.blocking(self._read_logs, run_id, task, worker, tail_lines, compiled)
         return models.Logs(
             run_id=run_id,
             state=convert.run_state_name(run.state),
@@ -417,16 +420,18 @@ class Bridge:
             await anyio.sleep(min(self.poll_s, remaining))
 
     def _read_logs(
-        self, run_id: str, task_id: str, worker: str | None, tail_lines: int, regex: re.Pattern[str] | None
+        self, run_id: str, task_id: str, worker: str | None, tail_lines: int, pattern: regex.Pattern[str] | None
     ) -> list[models.PodLog]:
-        """Reads the logs once (no follow) within the call deadline, keeping the last lines per pod."""
+        """Reads the logs once (no follow) within the call deadline, keeping the last lines per pod; the pattern
+        gets `MATCH_BUDGET_S` of matching in all."""
+        match_deadline = time.monotonic() + MATCH_BUDGET_S
         kept: dict[str, deque[str]] = {}
         matched: dict[str, int] = {}
         long_lines: set[str] = set()
         for chunk in self.client.logs(run_id, task_id, worker=worker, follow=False, timeout_s=self.call_timeout_s):
             lines = kept.setdefault(chunk.pod, deque(maxlen=tail_lines))
             for line in chunk.lines.splitlines():
-                if regex is not None and not regex.search(line):
+                if pattern is not None and not _matches(pattern, line, match_deadline):
                     continue
                 matched[chunk.pod] = matched.get(chunk.pod, 0) + 1
                 if len(line) > convert.MAX_LINE_CHARS:
@@ -450,6 +455,21 @@ _FINAL = frozenset({common_pb2.RUN_STATE_SUCCEEDED, common_pb2.RUN_STATE_FAILED,
 def _states(run: common_pb2.Run) -> tuple[int, ...]:
     """What counts as a change for watch_run: the run's state and each task's."""
     return (run.state, *(t.state for t in run.tasks))
+
+
+def _matches(pattern: regex.Pattern[str], line: str, deadline: float) -> bool:
+    """Whether `pattern` matches in `line`, within what is left of the call's matching budget.
+
+    Raises:
+        InvalidArgument: the budget ran out (the match is stopped inside the engine, so nothing goes on computing).
+    """
+    try:
+        return pattern.search(line, timeout=max(deadline - time.monotonic(), 0.001)) is not None
+    except TimeoutError:
+        raise InvalidArgument(
+            f"pattern {pattern.pattern!r} took more than {MATCH_BUDGET_S:g} s to match the logs (it backtracks, as "
+            "nested repeats like (a|a)+ do): give a simpler pattern"
+        ) from None
 
 
 def _next(updates: Iterator[tracker_pb2.WatchRunResponse]) -> tracker_pb2.WatchRunResponse | None:

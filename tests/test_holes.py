@@ -1,0 +1,67 @@
+"""The holes the last notes left open, each tried on a real server: a bounded pattern match in the MCP bridge,
+an abandoned log stream, the environments' read policy, observations recorded once, the log bound, memory learned
+from the executor's own measurement."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from e2e_support import E2E_MODEL, git_repo, wait_final, write_workflow
+from holes_model import HOLES
+from simrun.v1 import common_pb2
+from test_mcp_bridge import agent, call, refused
+
+
+@pytest.fixture
+def holes_model(tmp_path: Path) -> Path:
+    return git_repo(E2E_MODEL, tmp_path / "holes-model", files={"e2etasks/holes.py": HOLES})
+
+
+def printer(line: str, repeat: int = 1, quiet_s: float = 0.0) -> str:
+    settings = json.dumps({"line": line, "repeat": repeat, "quiet_s": quiet_s})
+    return f"name: p\ntasks:\n  p:\n    type: e2etasks.holes:Printer\n    settings: {settings}\n"
+
+
+def _frames_in(function: str) -> int:
+    """Threads of this process whose stack is inside `function` now."""
+    count = 0
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                count += 1
+                break
+            frame = frame.f_back  # type: ignore[assignment]
+    return count
+
+
+def test_a_catastrophic_log_pattern_is_stopped_inside_the_match(start_server, client_for, holes_model):
+    """`(a+)+$` on a line of 200,000 a's answers at once; `(a|a)+$`, which backtracks without end on 40 a's and a
+    b, is refused after the bridge's matching budget with what to do, and no thread goes on computing it."""
+    from simrun_mcp.server import MATCH_BUDGET_S
+
+    server = start_server()
+    owner = client_for(server, "agent")
+    long_a = "a" * 200_000
+    run = wait_final(owner, owner.submit(write_workflow(holes_model, printer(long_a))).run_id)
+    assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+    bad = wait_final(owner, owner.submit(write_workflow(holes_model, printer("a" * 40 + "b"), "b.yaml")).run_id)
+    assert bad.state == common_pb2.RUN_STATE_SUCCEEDED, bad.message
+
+    async def session() -> None:
+        async with agent(server, "agent", [holes_model]) as client:
+            begun = time.monotonic()
+            nested = await call(client, "get_logs", run_id=run.run_id, pattern=r"(a+)+$")
+            assert nested["pods"][0]["matched_lines"] == 1 and time.monotonic() - begun < MATCH_BUDGET_S
+            begun = time.monotonic()
+            text = await refused(client, "get_logs", run_id=bad.run_id, pattern=r"(a|a)+$")
+            took = time.monotonic() - begun
+            assert "took more than" in text and "give a simpler pattern" in text, text
+            assert MATCH_BUDGET_S <= took < MATCH_BUDGET_S + 3, took
+            assert _frames_in("_matches") == 0
+
+    anyio.run(session)
