@@ -5,13 +5,16 @@ from the executor's own measurement."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import anyio
 import pytest
-from e2e_support import E2E_MODEL, git_repo, wait_final, write_workflow
+from e2e_support import E2E_MODEL, TOKENS, git_repo, wait_final, write_workflow
 from holes_model import HOLES
 from simrun.v1 import common_pb2
 from test_mcp_bridge import agent, call, refused
@@ -65,3 +68,46 @@ def test_a_catastrophic_log_pattern_is_stopped_inside_the_match(start_server, cl
             assert _frames_in("_matches") == 0
 
     anyio.run(session)
+
+
+SIMRUN = shutil.which("simrun", path=str(Path(sys.executable).parent)) or "simrun"
+
+
+def _cli_env(server, who: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SIMRUN_", "OTEL_"))}
+    return env | {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": TOKENS[who]}
+
+
+def _until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_an_abandoned_log_follower_ends_on_the_server(start_server, client_for, holes_model):
+    """`simrun logs --follow` of a pod that prints one line and then nothing for two minutes, killed with SIGKILL:
+    the server's follower notices the client went away within a poll and ends, while the pod still runs."""
+    server = start_server()
+    client = client_for(server, "agent")
+    run_id = client.submit(write_workflow(holes_model, printer("started", quiet_s=120))).run_id
+    follower = subprocess.Popen(
+        [SIMRUN, "logs", run_id, "p", "--follow"], stdout=subprocess.PIPE, text=True, env=_cli_env(server, "agent")
+    )
+    try:
+        assert follower.stdout is not None
+        line = follower.stdout.readline()
+        while "started" not in line:
+            assert line, "the follower ended before the pod printed"
+            line = follower.stdout.readline()
+        _until(lambda: _frames_in("logs") > 0, 10, "no follower on the server")
+        follower.kill()
+        follower.wait(10)
+        _until(lambda: _frames_in("logs") == 0, 10, "the server still follows the log of a client that is gone")
+        assert client.get_run(run_id).state == common_pb2.RUN_STATE_RUNNING
+    finally:
+        follower.kill()
+        follower.wait(10)
+        if follower.stdout is not None:
+            follower.stdout.close()
+        client.cancel(run_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from simrun_core.errors import FailedPrecondition, NotFound
 from simrun_core.identity import priority_value
@@ -157,7 +157,9 @@ class FakeExecutor:
         if recovery.reservation:
             self.reserve(recovery.reservation, recovery.run_id)
 
-    def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
+    def logs(
+        self, run_id: str, task_id: str, worker: str, follow: bool, alive: Callable[[], bool] = lambda: True
+    ) -> Iterator[tuple[str, str]]:
         """What the test wrote of the task's pods; with `follow`, new lines until the task's pods are final."""
         sent: dict[str, int] = {}
         while True:
@@ -176,7 +178,7 @@ class FakeExecutor:
                 if len(lines) > sent.get(name, 0):
                     yield f"{name}.log", "".join(lines[sent.get(name, 0) :])
                     sent[name] = len(lines)
-            if not live:
+            if not live or not alive():
                 return
             time.sleep(0.02)
 

@@ -270,9 +270,13 @@ class Executor(Protocol):
         is gone)."""
         ...
 
-    def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
+    def logs(
+        self, run_id: str, task_id: str, worker: str, follow: bool, alive: Callable[[], bool] = lambda: True
+    ) -> Iterator[tuple[str, str]]:
         """Yields (pod log name, complete new lines) of a task's pods (one worker, or all for ""); with `follow`,
-        until the task's pods are final. Logs of ended pods are archived in `tasks/<task>/logs/` of the store."""
+        until the task's pods are final or `alive` says the reader left (asked while it waits for lines, so an
+        abandoned follower ends within a poll, not when the pods do). Logs of ended pods are archived in
+        `tasks/<task>/logs/` of the store."""
         ...
 
     def forget(self, run_id: str) -> None:

@@ -370,7 +370,9 @@ class KubernetesExecutor:
                         lambda: self._label_node(recovery.reservation or "", recovery.run_id),
                     )
 
-    def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
+    def logs(
+        self, run_id: str, task_id: str, worker: str, follow: bool, alive: Callable[[], bool] = lambda: True
+    ) -> Iterator[tuple[str, str]]:
         """The logs of a task's pods, attempt by attempt (`<worker>.<attempt>.log`): those of ended pods from their
         archive in the store (pods are collected once their Workflow succeeds), live ones from the API."""
         if worker and not re.fullmatch(r"w[0-9]+|merge", worker):
@@ -392,7 +394,7 @@ class KubernetesExecutor:
                     if text := archive.read_text(errors="replace"):
                         yield log_name, text
                     continue
-                yield from self._live_log(obj, log_name, follow and not ended)
+                yield from self._live_log(obj, log_name, follow and not ended, alive)
             archived = sorted(logs_dir.glob(f"{worker or '*'}.*.log")) if logs_dir.is_dir() else []
             for path in archived:
                 if path.name not in done and path.name not in live:
@@ -402,6 +404,8 @@ class KubernetesExecutor:
             statuses = [s for s in self.pods(run_id) if s.spec.task_id == task_id]
             # No pods known of the task (a run this adapter does not follow, or no longer): nothing more will come.
             if not follow or not statuses or all(s.phase.final for s in statuses) or self._closed.is_set():
+                return
+            if not alive():
                 return
             time.sleep(0.25)
 
@@ -616,7 +620,9 @@ class KubernetesExecutor:
             result.append((numbers[w], obj, obj["metadata"]["name"]))
         return result
 
-    def _live_log(self, obj: Obj, log_name: str, follow: bool) -> Iterator[tuple[str, str]]:
+    def _live_log(
+        self, obj: Obj, log_name: str, follow: bool, alive: Callable[[], bool]
+    ) -> Iterator[tuple[str, str]]:
         name = obj["metadata"]["name"]
         try:
             response: Any = self._core.read_namespaced_pod_log(
@@ -639,7 +645,7 @@ class KubernetesExecutor:
                 if cut:
                     yield log_name, buffer[:cut].decode(errors="replace")
                     buffer = buffer[cut:]
-                if self._closed.is_set():
+                if self._closed.is_set() or not alive():
                     return
             if buffer:
                 yield log_name, buffer.decode(errors="replace") + "\n"

@@ -284,7 +284,9 @@ class LocalExecutor:
         if recovery.reservation:
             self.reserve(recovery.reservation, recovery.run_id)
 
-    def logs(self, run_id: str, task_id: str, worker: str, follow: bool) -> Iterator[tuple[str, str]]:
+    def logs(
+        self, run_id: str, task_id: str, worker: str, follow: bool, alive: Callable[[], bool] = lambda: True
+    ) -> Iterator[tuple[str, str]]:
         """Reads `tasks/<task>/logs/<worker>.log` of the store, from where the last read stopped.
 
         The logs folder is in the task's folder, which its pods write: only regular files named by a worker are
@@ -312,7 +314,7 @@ class LocalExecutor:
                             break
                         offset = offsets[name] = offset + cut
                         yield name, data[:cut].decode(errors="replace")
-            if not live:
+            if not live or not alive():
                 return
             time.sleep(LOG_POLL_S)
 
