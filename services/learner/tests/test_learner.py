@@ -306,3 +306,33 @@ def test_pages_of_observations_follow_the_order_through_ties_in_time(learner: Re
     for bad in ("x", encode_key_token(["not a time", "1"], scope), encode_key_token([at.isoformat()], scope)):
         with pytest.raises(InvalidArgument, match="page_token"):
             learner.list_observations(KEY, 2, bad)
+
+
+def test_an_observation_of_a_source_is_recorded_once_also_in_a_store_of_an_older_learner(tmp_path: Path) -> None:
+    """A store made before observations named their source gains the column; one of a source is kept once (the
+    stored one is returned again), while observations without a source are all kept."""
+    path = tmp_path / "observations.sqlite"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE observations (id INTEGER PRIMARY KEY, task_type VARCHAR NOT NULL, model VARCHAR NOT NULL, "
+        "cost_value VARCHAR NOT NULL, per_worker_gb FLOAT, oom_killed BOOLEAN NOT NULL, oom_per_worker_gb FLOAT, "
+        "succeeded BOOLEAN NOT NULL, unit_seconds VARCHAR NOT NULL, run_id VARCHAR NOT NULL, observed_at DATETIME "
+        "NOT NULL)"
+    )
+    old.execute(
+        "INSERT INTO observations VALUES (1, 'model.tasks:Fit', 'pkmodel', '8', 1.0, 0, NULL, 1, '[]', 'r0', "
+        "'2026-01-01 00:00:00')"
+    )
+    old.commit()
+    old.close()
+    with ResourceLearner(path) as learner:
+        first = learner.record(Observation(KEY, 1.5, succeeded=True, run_id="r1", source="r1/fit/w0-1"))
+        again = learner.record_all([Observation(KEY, 9.0, succeeded=True, run_id="r1", source="r1/fit/w0-1")])
+        learner.record_all([Observation(KEY, 2.0, run_id="r2"), Observation(KEY, 2.0, run_id="r2")])
+        assert again == [first]
+        assert [(o.run_id, o.per_worker_gb, o.source) for o in learner.observations(KEY)] == [
+            ("r0", 1.0, ""),
+            ("r1", 1.5, "r1/fit/w0-1"),
+            ("r2", 2.0, ""),
+            ("r2", 2.0, ""),
+        ]

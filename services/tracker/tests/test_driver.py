@@ -8,8 +8,10 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from fake_executor import FakeExecutor
@@ -17,11 +19,14 @@ from simrun_core.config import DriverConfig
 from simrun_core.errors import InvalidArgument, Unavailable
 from simrun_core.identity import Priority
 from simrun_core.resources import ObservationKey, ResolvedResources, SplitMode
+from simrun_learner.learner import ResourceLearner
 from simrun_planner import Node, plan_task
 from simrun_runtime.layout import StoreLayout, TaskLayout
-from simrun_runtime.record import Identity, RunRecord, RunState, TaskRecord, TaskState
+from simrun_runtime.record import Identity, RunRecord, RunState, SnapshotRef, TaskRecord, TaskState
+from simrun_runtime.reports import WorkerEnd, WorkerReport
 from simrun_tracker.driver import Driver
 from simrun_tracker.executor import TaskOrdering
+from simrun_tracker.learning import InProcessLearner
 from simrun_tracker.ports import Environment, EnvironmentState
 from simrun_tracker.reads import RunReader
 from simrun_tracker.runstore import RunStore
@@ -113,7 +118,12 @@ class World:
     def submit(self, *tasks: TaskRecord, run_id: str = "r1", unplanned: bool = False, reserve: str = "") -> str:
         records = {t.task_id: (t.model_copy(update={"plan": None}) if unplanned else t) for t in tasks}
         record = RunRecord(
-            run_id=run_id, identity=AGENT, tasks=records, environment="env-1", reservation=reserve or None
+            run_id=run_id,
+            identity=AGENT,
+            tasks=records,
+            environment="env-1",
+            reservation=reserve or None,
+            snapshots=[SnapshotRef(name="m", snapshot_id="s1", path="snapshots/m/s1")],
         )
         if reserve:
             self.executor.reserve(reserve, run_id)
@@ -149,10 +159,11 @@ def make_world(tmp_path: Path) -> Iterator[Callable[..., World]]:
         merge_wait_s: float = 5.0,
         config: DriverConfig | None = None,
         output_check: Callable[[TaskLayout], str | None] | None = None,
+        learner: Any = None,
     ) -> World:
         runs = RunStore(StoreLayout(tmp_path / "store"))
         executor = executor or FakeExecutor(list(NODES))
-        learner, environments, planned = Learner(), Environments(), []
+        learner, environments, planned = learner or Learner(), Environments(), []
         world: World
 
         def planner(record: RunRecord) -> None:
@@ -265,6 +276,51 @@ def test_a_learner_that_fails_does_not_fail_the_run(make_world) -> None:
     world.until(running)
     world.executor.exit("r1", "fit")
     assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+
+
+def test_a_step_taken_again_after_it_recorded_a_task_s_observations_records_none_twice(
+    make_world, tmp_path: Path
+) -> None:
+    """The step that ends a task records its pods' observations, then fails to save the run's final state (a full
+    disk): the driver takes the step again and ends the task again, and the learner keeps one observation per pod
+    incarnation (keyed by run, task and the report's worker and start), not two."""
+    learner = ResourceLearner(tmp_path / "observations.db")
+    world = make_world(learner=InProcessLearner(learner, StoreLayout(tmp_path / "store")))
+    world.submit(task("fit"))
+    world.until(running)
+    layout = world.runs.layout.run("r1").task("fit")
+    started = datetime.now(UTC)
+    WorkerReport(
+        run_id="r1",
+        task_id="fit",
+        worker="w0",
+        role="exec",
+        started_ms=int(started.timestamp() * 1000),
+        task_type="m:T",
+        processes=1,
+        memory_source="cgroup_v2",
+        peak_memory_gb=0.1,
+        per_process_gb=0.1,
+        ended=WorkerEnd.DONE,
+        exit_code=0,
+        started_at=started,
+        ended_at=started,
+    ).write(layout)
+    save, failed = world.runs.save, []
+
+    def save_failing_once(record: RunRecord) -> None:
+        if record.state.final and not failed:
+            failed.append(record.run_id)
+            raise OSError(28, "No space left on device")
+        save(record)
+
+    world.runs.save = save_failing_once  # type: ignore[method-assign]
+    world.executor.exit("r1", "fit")
+    assert world.until(lambda r: r.state.final).state == RunState.SUCCEEDED
+    assert failed == ["r1"]
+    observations = learner.observations(ObservationKey("m:T", "m", ""))
+    assert len(observations) == 1, observations
+    assert observations[0].source == f"r1/fit/w0-{int(started.timestamp() * 1000)}"
 
 
 def test_the_runtime_s_failure_message_becomes_the_task_s(make_world) -> None:

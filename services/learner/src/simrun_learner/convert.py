@@ -29,6 +29,7 @@ def observation_from_proto(message: common_pb2.Observation) -> Observation:
         succeeded=message.succeeded,
         unit_seconds=tuple(message.unit_seconds),
         run_id=message.run_id,
+        source=message.source,
     )
 
 
@@ -43,6 +44,7 @@ def observation_to_proto(observation: Observation) -> common_pb2.Observation:
         succeeded=observation.succeeded,
         unit_seconds=list(observation.unit_seconds),
         run_id=observation.run_id,
+        source=observation.source,
     )
     if observation.observed_at is not None:
         stamp = Timestamp()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from simrun_runtime.layout import TaskLayout
 from simrun_runtime.reports import WorkerEnd, WorkerReport, load_reports
@@ -63,6 +64,7 @@ def observations_from_reports(
         if kills is not None:
             killed = killed_before.get(report.worker, 0) < kills.get(report.worker, 0)
         observation = _observation(report, key, succeeded, run_id, limit_gb, given, killed)
+        observation = replace(observation, source=f"{run_id or report.run_id}/{task.task_id}/{report.path(task).stem}")
         if observation.oom_killed:
             killed_before[report.worker] = killed_before.get(report.worker, 0) + 1
         observations.append(observation)

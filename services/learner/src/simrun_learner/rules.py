@@ -37,6 +37,8 @@ class Observation:
         succeeded: Whether the task succeeded.
         unit_seconds: Seconds of each unit the pod completed.
         run_id: The run it came from.
+        source: What it was observed from (`run/task/worker-start ms`, the pod incarnation of a worker report);
+            the learner records an observation of a source once, so a step taken again records nothing twice.
         observed_at: When it was observed; the learner fills it in when recording.
         observation_id: Its id; the learner fills it in when recording.
     """
@@ -48,6 +50,7 @@ class Observation:
     succeeded: bool = False
     unit_seconds: tuple[float, ...] = ()
     run_id: str = ""
+    source: str = ""
     observed_at: datetime | None = None
     observation_id: str | None = None
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Index, Row, Select, bindparam, or_, tuple_
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Field, Session, SQLModel, create_engine, select
 
 from simrun_learner.rules import WINDOW, Observation, ObservationKey
@@ -37,7 +38,11 @@ class ObservationRow(SQLModel, table=True):
     succeeded: bool = False
     unit_seconds: str = "[]"
     run_id: str = ""
+    source: str = ""
     observed_at: datetime
+
+
+_SOURCE_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS ix_observations_source ON observations (source) WHERE source != ''"
 
 
 class ObservationStore:
@@ -50,6 +55,11 @@ class ObservationStore:
         # NFS, where SQLite's WAL does not work, so the default rollback journal stays with a busy timeout.
         self._engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False, "timeout": 30})
         SQLModel.metadata.create_all(self._engine, tables=[SQLModel.metadata.tables[ObservationRow.__tablename__]])
+        with self._engine.begin() as connection:  # a store of an older learner gains the column
+            columns = {row[1] for row in connection.exec_driver_sql("PRAGMA table_info(observations)")}
+            if "source" not in columns:
+                connection.exec_driver_sql("ALTER TABLE observations ADD COLUMN source VARCHAR NOT NULL DEFAULT ''")
+            connection.exec_driver_sql(_SOURCE_INDEX)
         # Every submission reads its keys' observations, which change only when a task ends: they are kept here,
         # valid while SQLite's data_version of one watching connection is unchanged (it changes with every commit
         # of any other connection, this process's or another's).
@@ -59,7 +69,12 @@ class ObservationStore:
         self._cache: OrderedDict[tuple[str, ObservationKey], tuple[int, tuple[Observation, ...]]] = OrderedDict()
 
     def add(self, observation: Observation) -> Observation:
-        """Stores an observation; returns it with its id and time (now, unless it has one)."""
+        """Stores an observation; returns it with its id and time (now, unless it has one). An observation of a
+        source already stored is not stored again: the stored one is returned (a unique index decides)."""
+        if observation.source:
+            existing = self._of_source(observation.source)
+            if existing is not None:
+                return existing
         observed_at = observation.observed_at or datetime.now(UTC)
         row = ObservationRow(
             task_type=observation.key.task_type,
@@ -71,13 +86,25 @@ class ObservationStore:
             succeeded=observation.succeeded,
             unit_seconds=json.dumps(list(observation.unit_seconds)),
             run_id=observation.run_id,
+            source=observation.source,
             observed_at=observed_at.astimezone(UTC),
         )
         with Session(self._engine) as session:
             session.add(row)
-            session.commit()
+            try:
+                session.commit()
+            except IntegrityError:  # stored by another process since the look above
+                existing = self._of_source(observation.source)
+                if existing is None:
+                    raise
+                return existing
             session.refresh(row)
             return _observation(row)
+
+    def _of_source(self, source: str) -> Observation | None:
+        with Session(self._engine) as session:
+            row = session.exec(select(ObservationRow).where(ObservationRow.source == source)).first()
+            return None if row is None else _observation(row)
 
     def of_key(self, key: ObservationKey) -> list[Observation]:
         """Every observation of a key, oldest first (by time, then by the order they were stored)."""
@@ -217,6 +244,7 @@ def _observation(row: ObservationRow | Row[Any]) -> Observation:
         succeeded=row.succeeded,
         unit_seconds=tuple(json.loads(row.unit_seconds)),
         run_id=row.run_id,
+        source=row.source,
         observed_at=row.observed_at.astimezone(UTC) if row.observed_at.tzinfo else row.observed_at.replace(tzinfo=UTC),
         observation_id=str(row.id),
     )

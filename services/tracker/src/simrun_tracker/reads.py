@@ -244,9 +244,7 @@ class RunReader:
             if started is None:
                 return
             record = started
-        yield from self.executor.logs(
-            run_id, task_id, worker, follow and not record.tasks[task_id].state.final, alive
-        )
+        yield from self.executor.logs(run_id, task_id, worker, follow and not record.tasks[task_id].state.final, alive)
 
     def _started(self, run_id: str, task_id: str, alive: Callable[[], bool]) -> RunRecord | None:
         """The run once the task's pods were started (the driver saves a task QUEUED after starting them) or the

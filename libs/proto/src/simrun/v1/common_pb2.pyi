@@ -651,6 +651,7 @@ class Observation(_message.Message):
     UNIT_SECONDS_FIELD_NUMBER: _builtins.int
     OBSERVE_TIME_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     observation_id: _builtins.str
     """Id of the observation."""
     per_worker_gb: _builtins.float
@@ -663,6 +664,8 @@ class Observation(_message.Message):
     """Whether the task succeeded."""
     run_id: _builtins.str
     """The run it came from."""
+    source: _builtins.str
+    """What it was observed from (a pod incarnation: run/task/worker-start), recorded once; empty for none."""
     @_builtins.property
     def key(self) -> Global___ObservationKey:
         """Its key."""
@@ -687,10 +690,11 @@ class Observation(_message.Message):
         unit_seconds: _abc.Iterable[_builtins.float] | None = ...,
         observe_time: _timestamp_pb2.Timestamp | None = ...,
         run_id: _builtins.str = ...,
+        source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "observe_time", b"observe_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "observation_id", b"observation_id", "observe_time", b"observe_time", "oom_killed", b"oom_killed", "oom_per_worker_gb", b"oom_per_worker_gb", "per_worker_gb", b"per_worker_gb", "run_id", b"run_id", "succeeded", b"succeeded", "unit_seconds", b"unit_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "observation_id", b"observation_id", "observe_time", b"observe_time", "oom_killed", b"oom_killed", "oom_per_worker_gb", b"oom_per_worker_gb", "per_worker_gb", b"per_worker_gb", "run_id", b"run_id", "source", b"source", "succeeded", b"succeeded", "unit_seconds", b"unit_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

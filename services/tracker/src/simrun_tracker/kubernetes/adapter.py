@@ -620,9 +620,7 @@ class KubernetesExecutor:
             result.append((numbers[w], obj, obj["metadata"]["name"]))
         return result
 
-    def _live_log(
-        self, obj: Obj, log_name: str, follow: bool, alive: Callable[[], bool]
-    ) -> Iterator[tuple[str, str]]:
+    def _live_log(self, obj: Obj, log_name: str, follow: bool, alive: Callable[[], bool]) -> Iterator[tuple[str, str]]:
         name = obj["metadata"]["name"]
         try:
             response: Any = self._core.read_namespaced_pod_log(
