@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 from e2e_support import E2E_MODEL, EXAMPLE, TOKENS, git_repo
+from images import base_image, oci_registry  # noqa: F401  (session fixtures: tests/images.py)
 from simrun_client.client import Client
 from simrun_core.config import EnvironmentsConfig, NodeConfig, ServerConfig
 from simrun_gateway.embedded import EmbeddedServer, start_embedded

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from envbuilder_support import build_wheelhouse
+from images import base_image, oci_registry  # noqa: F401  (session fixtures: tests/images.py)
 from simrun_core.snapshots.model import FileEntry
 from simrun_core.snapshots.store import LocalFiles, SnapshotStore
 from simrun_envbuilder.builder import BuilderSettings, Environment, EnvironmentBuilder, EnvironmentState

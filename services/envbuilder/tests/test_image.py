@@ -5,12 +5,8 @@ script that pushes to that real registry (BuildKit does not run here)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,13 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from images import free_port, serve_registry
 from simrun_core.config import EnvironmentsConfig, ImagesConfig, ServerConfig
 from simrun_core.errors import InvalidArgument
 from simrun_envbuilder.builder import BuilderSettings, EnvironmentBuilder, EnvironmentState
 from simrun_envbuilder.convert import settings_from_config
 from simrun_envbuilder.image import ImageSettings, RegistryClient, RegistryError, render_dockerfile
 
-REGISTRY_BINARY = "/usr/bin/docker-registry"
 BASE = "docker.io/library/python:3.11-slim@sha256:" + "a" * 64
 
 PUSH = r'''
@@ -69,40 +65,6 @@ json.dump({"containerimage.digest": digest}, open(metadata, "w"))
 print("#9 pushing manifest done")
 """
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def serve_registry(folder: Path, storage: Path, auth: str = "") -> tuple[str, subprocess.Popen[bytes]]:
-    """A real distribution registry on loopback storing in `storage` (`auth`: a config's `auth:` value)."""
-    if not os.access(REGISTRY_BINARY, os.X_OK):
-        pytest.skip("Debian's docker-registry is not installed (scripts/test installs it)")
-    folder.mkdir(parents=True, exist_ok=True)
-    address = f"127.0.0.1:{free_port()}"
-    (folder / "config.yml").write_text(
-        f"version: 0.1\nlog: {{level: error}}\nstorage: {{filesystem: {{rootdirectory: {storage}}}}}\n"
-        f"http: {{addr: {address}}}\n" + (f"auth: {auth}\n" if auth else "")
-    )
-    proc = subprocess.Popen(
-        [REGISTRY_BINARY, "serve", str(folder / "config.yml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            urllib.request.urlopen(f"http://{address}/v2/", timeout=1).close()
-            return address, proc
-        except urllib.error.HTTPError:
-            return address, proc  # it answers (401 with auth)
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                proc.wait()
-                raise AssertionError("the registry did not start") from None
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
