@@ -14,10 +14,20 @@ from pathlib import Path
 
 import anyio
 import pytest
+from click.testing import CliRunner
 from e2e_support import E2E_MODEL, TOKENS, git_repo, wait_final, write_workflow
+from envbuilder_support import build_wheelhouse
 from holes_model import HOLES
 from simrun.v1 import common_pb2
+from simrun_cli.main import cli
+from simrun_core.config import EnvironmentsConfig
+from test_e2e_environments import make_trees, model_pyproject
 from test_mcp_bridge import agent, call, refused
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
 
 
 @pytest.fixture
@@ -111,3 +121,35 @@ def test_an_abandoned_log_follower_ends_on_the_server(start_server, client_for, 
         if follower.stdout is not None:
             follower.stdout.close()
         client.cancel(run_id)
+
+
+def test_environments_are_listed_to_those_who_may_read_a_run_of_them(
+    start_server, client_for, tmp_path: Path, wheelhouse: Path
+) -> None:
+    """bob's agent and carol's agent each run a model with its own dependencies (two environments): `simrun envs`
+    shows each agent its own, bob his agent's, and the owner both; no one learns of another's."""
+    environments = EnvironmentsConfig(
+        find_links=[str(wheelhouse)], no_index=True, uv_cache_dir=tmp_path / "uv-cache", compile_bytecode=False
+    )
+    server = start_server(environments=environments)
+    bobs = make_trees(tmp_path / "bob")
+    carols = make_trees(tmp_path / "carol")
+    (carols / "pyproject.toml").write_text(model_pyproject("tinydep==2.0"))
+    built = {}
+    for who, model in (("agent", bobs), ("other-agent", carols)):
+        client = client_for(server, who)
+        run = wait_final(client, client.submit(model / "where.yaml").run_id)
+        assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
+        built[who] = run.environment
+    assert len(set(built.values())) == 2
+
+    def listed(who: str) -> set[str]:
+        env = {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": TOKENS[who]}
+        done = CliRunner().invoke(cli, ["envs", "--json"], env=env, catch_exceptions=False)
+        assert done.exit_code == 0, done.output
+        return {e["environment_id"] for e in json.loads(done.output).get("environments", [])}
+
+    assert listed("owner") >= {built["agent"], built["other-agent"]}
+    assert listed("agent") == {built["agent"]}
+    assert listed("person") == {built["agent"]}
+    assert listed("other-agent") == {built["other-agent"]}

@@ -6,6 +6,7 @@ apply the same rules, and each rule is tested once here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from simrun_core.config import Limits, ReadPolicy
@@ -39,6 +40,12 @@ def may_read(viewer: Identity, submitter: Submitter, policy: ReadPolicy) -> bool
     if viewer.kind is IdentityKind.PERSON:
         return policy.people_see_all or submitter.person == viewer.name
     return policy.agents_see_their_person and submitter.person == viewer.person
+
+
+def may_read_any(viewer: Identity, readers: Iterable[tuple[str, str | None]], policy: ReadPolicy) -> bool:
+    """Whether `viewer` may read one of `readers` (name, the person it acts for): the identities that made or
+    named a snapshot, or that submitted the models an environment was resolved for."""
+    return any(may_read(viewer, Submitter(name, person), policy) for name, person in readers)
 
 
 def check_read(viewer: Identity, submitter: Submitter, policy: ReadPolicy, run_id: str) -> None:

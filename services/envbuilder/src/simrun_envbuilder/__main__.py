@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         config = config.model_copy(update={"store": args.store})
     builder = EnvironmentBuilder(settings_from_config(config))
     tokens = tokens_from_arguments(parser, args)
-    bound = create_server(builder, args.address, tokens).start()
+    bound = create_server(builder, args.address, tokens, config.read_policy).start()
     log = logging.getLogger("simrun_envbuilder")
     serve(
         bound,

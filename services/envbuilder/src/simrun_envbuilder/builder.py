@@ -10,6 +10,7 @@ Its folder (on local disk, never NFS) holds:
 | `models/<name>.lock` | the last lock of a model, the seed of its next one |
 | `envs/<id>/` | an environment: `venv/`, `project/`, `environment.json`, `build.log`, `ready` (written last) |
 | `failed/<id>.json` | why the last build of an environment failed |
+| `readers/<id>.json` | the model snapshots an environment was resolved for: who may list it (`readers`) |
 | `envs/<id>/overlays/<key>/` | the overlay of one set of snapshots on it, with `runs/<run id>` of the runs using it |
 """
 
@@ -50,6 +51,7 @@ from simrun_envbuilder.image import (
 from simrun_envbuilder.inputs import ModelInputs, read_inputs
 from simrun_envbuilder.lock import UvSettings, default_uv_command, run_lock, write_project
 from simrun_envbuilder.overlays import Overlays
+from simrun_envbuilder.readers import EnvironmentReaders
 from simrun_envbuilder.system import check_packages
 from simrun_envbuilder.venv import (
     BuildError,
@@ -194,6 +196,7 @@ class EnvironmentBuilder:
         self._runtime_version = runtime_version()
         self._runtime_wheel = write_runtime_wheel(self.root / "runtime")
         self.overlays = Overlays(self.store)
+        self.readers = EnvironmentReaders(self.root / "readers")
         self._lock = threading.Lock()
         self._builds: dict[str, _Build] = {}
         self._threads: list[threading.Thread] = []
@@ -229,6 +232,7 @@ class EnvironmentBuilder:
         if record is None:
             record = self._lock_inputs(inputs, digest, python_version)
         environment_id = record["environment_id"]
+        self.readers.note(environment_id, snapshots[0])
         folder = self._env(environment_id)
         if is_ready(folder):
             self._touch(environment_id)

@@ -142,7 +142,7 @@ def _start(
     environments: EnvironmentBuilder | None = None
     if "envbuilder" not in remote:
         environments = EnvironmentBuilder(settings_from_config(config))
-        registrations.append(register_environments(environments))
+        registrations.append(register_environments(environments, config.read_policy))
     if "tracker" not in remote:
         tracker = build_tracker(config, store, learner, environments, telemetry)
         closers.append(tracker.close)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import grpc
 from simrun.v1 import snapshot_pb2, snapshot_pb2_grpc
-from simrun_core.access import Submitter, may_read
+from simrun_core.access import may_read_any
 from simrun_core.config import ReadPolicy
 from simrun_core.identity import Identity
 from simrun_core.paging import page
@@ -32,7 +32,7 @@ class SnapshotServicer(snapshot_pb2_grpc.SnapshotServiceServicer):
         readers = self._store.readers(snapshot.name, snapshot.snapshot_id)
         if identity is None or readers is None:
             return True
-        return any(may_read(identity, Submitter(name, person), self._policy) for name, person in readers)
+        return may_read_any(identity, readers, self._policy)
 
     def _record(self, identity: Identity | None, snapshot: Snapshot) -> None:
         if identity is not None:
