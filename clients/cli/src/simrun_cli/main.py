@@ -523,7 +523,7 @@ def _environment_progress(out: Console, run: common_pb2.Run, said: str) -> str:
 @json_option
 @with_client
 def envs(as_json: bool, client: Client) -> None:
-    """List the environments runs use: id, Python, packages, size and when last used."""
+    """List the environments runs use: id, Python, packages, size, when last used, and the image by digest."""
     from simrun_client.environments import list_environments
 
     found = list_environments(client)

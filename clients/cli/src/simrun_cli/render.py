@@ -306,8 +306,12 @@ _ENVIRONMENT_STATES = {
 
 
 def environments_table(environments: Iterable[common_pb2.Environment]) -> list[str]:
-    """One row per environment: id, state, Python, packages, size, last used."""
-    columns = [Column(name) for name in ("environment", "state", "python", "packages", "size", "last used")]
+    """One row per environment: id, state, Python, packages, size, last used, and its image by digest when the
+    builder makes images (the size is then the image's in the registry)."""
+    environments = list(environments)
+    images = any(env.image for env in environments)
+    names = ("environment", "state", "python", "packages", "size", "last used", *(("image",) if images else ()))
+    columns = [Column(name) for name in names]
     rows: list[list[Cell]] = []
     for env in environments:
         last = when(env.last_use_time) if env.HasField("last_use_time") else ""
@@ -319,6 +323,7 @@ def environments_table(environments: Iterable[common_pb2.Environment]) -> list[s
                 str(env.package_count),
                 size(env.size_bytes) if env.size_bytes else "",
                 last,
+                *((env.image,) if images else ()),
             ]
         )
     return table(columns, rows)

@@ -41,9 +41,13 @@ class ServiceAddresses(BaseModel):
 
 
 class ImagesConfig(BaseModel):
-    """Where the environment builder pushes images (a cluster): the registry, BuildKit, the base images."""
+    """Where the environment builder pushes images: the registry, the builder (BuildKit or buildah), the base images."""
 
     model_config = ConfigDict(extra="forbid")
+    builder: Literal["buildkit", "buildah"] = Field(
+        default="buildkit",
+        description="buildkit: buildctl against buildkitd (a cluster); buildah: buildah on this machine, as root.",
+    )
     registry: str = Field(min_length=1, description="host:port of the registry, e.g. zot.simrun.svc:5000.")
     repository: str = Field(default="simrun/environments", description="The repository of environments.")
     base_images: dict[str, str] = Field(description="Base image by digest (name@sha256:...) per Python, e.g. 3.11.")

@@ -40,10 +40,10 @@ from simrun_runtime.record import SnapshotRef
 
 from simrun_envbuilder import pythons
 from simrun_envbuilder.image import (
-    BuildKit,
     ImageSettings,
     RegistryClient,
     RegistryError,
+    image_builder,
     image_tag,
     render_dockerfile,
     write_context,
@@ -517,7 +517,7 @@ class EnvironmentBuilder:
                 _write_json(folder / "environment.json", meta)
                 build.add(f"building environment {environment_id} ({len(record['packages'])} packages)")
                 if self.settings.images is not None:
-                    meta["image"] = self._build_image(environment_id, record, folder, build)
+                    meta.update(self._build_image(environment_id, record, folder, build))
                     meta["interpreter_path"] = ""
                     _write_json(folder / "environment.json", meta)
                     mark_ready(folder)
@@ -549,22 +549,35 @@ class EnvironmentBuilder:
         if self.settings.images is None:
             self._after_build(environment_id, folder)
 
-    def _build_image(self, environment_id: str, record: dict[str, Any], folder: Path, build: _Build) -> str:
-        """The image of an environment by digest: the registry's when it has it, else built with BuildKit."""
+    def _build_image(self, environment_id: str, record: dict[str, Any], folder: Path, build: _Build) -> dict[str, Any]:
+        """The image of an environment by digest and its size: the registry's when it has it, else built and pushed
+        by the configured builder (BuildKit or buildah), then asked of the registry again."""
         images = self.settings.images
         assert images is not None
         context = folder / "context"
         write_context(context, record["dockerfile"], folder / "project", images)
         name = f"{images.registry}/{images.repository}"
+        registry = RegistryClient(images)
         build.add(f"asking the registry for {name}:{environment_id}")
         try:
-            digest = RegistryClient(images).digest(images.repository, environment_id)
+            digest = registry.digest(images.repository, environment_id)
         except RegistryError as exc:
             raise BuildError(f"the registry did not say whether it has the image: {exc}") from None
         if digest is None:
-            build.add("the registry lacks it: building the image with BuildKit")
-            digest = BuildKit(images).build(context, f"{name}:{environment_id}", folder / "build.log", build.add)
-        return f"{name}@{digest}"
+            builder = image_builder(images)
+            build.add(f"the registry lacks it: building the image with {builder.name}")
+            digest = builder.build(context, f"{name}:{environment_id}", folder / "build.log", build.add)
+            try:
+                found = registry.digest(images.repository, environment_id)
+            except RegistryError as exc:
+                raise BuildError(f"the registry did not confirm the pushed image: {exc}") from None
+            if found != digest:
+                raise BuildError(f"{builder.name} pushed {digest} but the registry holds {found} for the tag")
+        try:
+            size = registry.size(images.repository, digest)
+        except RegistryError as exc:
+            raise BuildError(f"the registry did not give the image's size: {exc}") from None
+        return {"image": f"{name}@{digest}", "size_bytes": size}
 
     def _after_build(self, environment_id: str, folder: Path) -> None:
         """Compiles bytecode once the venv is usable, records its size, then removes old environments."""

@@ -99,6 +99,7 @@ def settings_from_config(config: ServerConfig) -> BuilderSettings:
             base_images=dict(envs.images.base_images),
             insecure=envs.images.insecure,
             buildkit_addr=envs.images.buildkit_addr,
+            builder=envs.images.builder,
             ca_bundle=envs.images.ca_bundle,
             index_url=envs.index_url,
             username=envs.images.username,

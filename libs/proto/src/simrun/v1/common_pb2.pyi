@@ -1032,7 +1032,7 @@ class Environment(_message.Message):
     package_count: _builtins.int
     """Third-party packages in its lock."""
     size_bytes: _builtins.int
-    """Bytes it takes on disk; 0 for an image."""
+    """Bytes it takes: a venv's on disk; an image's in the registry (its config and compressed layers)."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was first built."""
