@@ -74,7 +74,8 @@ def test_a_catastrophic_log_pattern_is_stopped_inside_the_match(start_server, cl
             text = await refused(client, "get_logs", run_id=bad.run_id, pattern=r"(a|a)+$")
             took = time.monotonic() - begun
             assert "took more than" in text and "give a simpler pattern" in text, text
-            assert MATCH_BUDGET_S <= took < MATCH_BUDGET_S + 3, took
+            # The engine checks its timeout now and then, so it may stop a few hundredths before the budget.
+            assert MATCH_BUDGET_S - 0.5 <= took < MATCH_BUDGET_S + 3, took
             assert _frames_in("_matches") == 0
 
     anyio.run(session)

@@ -319,7 +319,9 @@ def read_only_view(write: Sequence[Path], user_namespace: bool = False) -> None:
         for name, flag in _KEEP_FLAGS.items():
             if name in options:
                 flags |= flag
-        if _mount(None, point, flags) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
+        # EACCES: the pod's user may not search the way to the mount (podman's storage under a 0700
+        # /var/lib/containers), so it cannot reach the files there to change their modes either.
+        if _mount(None, point, flags) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT, errno.EACCES):
             raise ConfineError(f"remounting {point} read-only: {os.strerror(ctypes.get_errno())}")
     for path in write:
         if not os.path.isdir(path):
