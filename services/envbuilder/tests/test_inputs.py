@@ -24,8 +24,27 @@ def test_places_and_digest_follow_the_pyprojects_not_the_code(kit) -> None:
     assert [s.place for s in a.sources] == [PurePosixPath("."), PurePosixPath("../lib")]
     assert a.digest("x") == b.digest("x") != a.digest("y")
     assert {p.as_posix() for p in tree_places(a)} == {"tree/_", "tree/lib"}
-    # the library has no [build-system]: PEP 517 builds it with setuptools
-    assert a.build_requires == ["tinyback==1.0", "setuptools>=40.8.0"] and a.project_name == "tinymodel"
+    # the library has no [build-system]: uv's rule says it is not a package, so nothing builds it
+    assert a.build_requires == ["tinyback==1.0"] and a.project_name == "tinymodel"
+    assert [s.is_package for s in a.sources] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("text", "package"),
+    [
+        ('[project]\nname = "a"\n', False),
+        ('[project]\nname = "a"\n[build-system]\nrequires = ["hatchling"]\n', True),
+        ('[project]\nname = "a"\n[build-system]\nrequires = ["hatchling"]\n[tool.uv]\npackage = false\n', False),
+        ('[project]\nname = "a"\n[tool.uv]\npackage = true\n', True),
+    ],
+)
+def test_a_source_is_a_package_by_uvs_rule(kit, text: str, package: bool) -> None:
+    """`[tool.uv] package = true`, or a `[build-system]` without `package = false`; one built without a
+    `[build-system]` (package = true) gets setuptools' legacy backend, as uv builds it."""
+    inputs = read_inputs(StoreLayout(kit.store), [kit.snapshot("m", {"pyproject.toml": text})])
+    assert inputs is not None and inputs.model.is_package is package
+    legacy = "build-system" not in text and package
+    assert ("setuptools>=40.8.0" in inputs.build_requires) is legacy
 
 
 def test_refusals(kit) -> None:

@@ -159,6 +159,7 @@ def submit(
         from rich.text import Text
 
         out.print(Text.assemble("submitted run ", (run.run_id, "bold"), f" (group {run.group or 'default'})"))
+        _environment_progress(out, run, "")  # what the lock decided (a stale uv.lock locked again) shows once
     if watch:
         _follow(client, run.run_id, out, as_json)
     elif as_json:

@@ -74,6 +74,11 @@ class EnvironmentsConfig(BaseModel):
     index_url: str = Field(default="", description="The package index uv locks against; empty: uv's default (PyPI).")
     find_links: list[str] = Field(default_factory=list, description="Folders or pages of wheels uv also uses.")
     no_index: bool = Field(default=False, description="Use only find_links, no index.")
+    local_git_roots: list[Path] = Field(
+        default_factory=list,
+        description="Folders whose git repositories a model may depend on by git+file:// (a lock reads them); "
+        "none by default, so no submitter makes the server clone a repository of its own disk.",
+    )
     constraints: Path | None = Field(default=None, description="Constraints file for build backends; None: built in.")
     interpreters: list[str] = Field(default_factory=list, description="Pythons to use besides those found here.")
     uv_cache_dir: Path | None = Field(default=None, description="uv's cache; None: uv's default.")

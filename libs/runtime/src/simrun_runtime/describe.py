@@ -3,7 +3,8 @@
 The control plane never imports user code; it runs this module with the model's environment instead.
 
 stdin: one request or a JSON list of them, each
-    {"type": "module:Class" | "<entry point>", "model_root": "/path" | null, "settings": {...} | null}
+    {"type": "module:Class" | "<entry point>", "model_root": "/path" | null, "settings": {...} | null,
+     "libraries": ["/path", ...]}
 stdout: one response per request (a list for a list), each
     {"ok": true, "error": null, "description": TypeDescription}  or  {"ok": false, "error": "...", "description": null}
 `ok` is false when the type cannot be loaded or counting its units fails; settings that the type refuses are
@@ -34,6 +35,8 @@ class DescribeRequest(BaseModel):
     type: str
     model_root: str | None = None
     settings: dict[str, Any] | None = None
+    libraries: list[str] = []
+    """The roots of the model's library snapshots: those that are not packages go on `sys.path` after the model."""
 
 
 class DescribeResponse(BaseModel):
@@ -57,7 +60,7 @@ def responses_of(line: str) -> list[DescribeResponse]:
 def describe(request: DescribeRequest) -> DescribeResponse:
     """Describes one type; user code errors become `error`, never an exception."""
     try:
-        description = describe_type(request.type, request.model_root, request.settings)
+        description = describe_type(request.type, request.model_root, request.settings, request.libraries)
     except TaskTypeError as exc:
         return DescribeResponse(ok=False, error=str(exc))
     except Exception as exc:  # user code may raise anything while it is imported or described

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from simrun_runtime.sources import import_roots, put_first
 from simrun_runtime.tasktype import (
     ResourceHint,
     SettingsError,
@@ -24,16 +24,10 @@ from simrun_runtime.tasktype import (
 ENTRY_POINT_GROUP = "simrun.task_types"
 
 
-def put_model_root_first(model_root: Path | str | None) -> None:
-    """Puts the model root first on `sys.path`, as `python -m` in its checkout does."""
-    if model_root is None:
-        return
-    root = str(Path(model_root).resolve())
-    if sys.path[:1] != [root]:
-        if root in sys.path:
-            sys.path.remove(root)
-        sys.path.insert(0, root)
-        importlib.invalidate_caches()
+def put_model_root_first(model_root: Path | str | None, libraries: Sequence[Path | str] = ()) -> None:
+    """Puts the model root first on `sys.path`, as `python -m` in its checkout does, and after it each library
+    that is not a package (`simrun_runtime.sources`)."""
+    put_first(import_roots(model_root, libraries))
 
 
 def _import_hint(exc: ImportError, module_name: str, model_root: Path | str | None) -> str:
@@ -55,14 +49,14 @@ def _import_hint(exc: ImportError, module_name: str, model_root: Path | str | No
     )
 
 
-def load_task_type(name: str, model_root: Path | str | None = None) -> TaskType:
+def load_task_type(name: str, model_root: Path | str | None = None, libraries: Sequence[Path | str] = ()) -> TaskType:
     """An instance of the task type `name`: `module:Class` imported with the model root first on `sys.path`,
     or the name of an entry point in the group `simrun.task_types`.
 
     Raises:
         TaskTypeError: the type cannot be found or imported, or is not a valid task type.
     """
-    put_model_root_first(model_root)
+    put_model_root_first(model_root, libraries)
     if ":" in name:
         module_name, _, qualname = name.partition(":")
         if not module_name or not qualname:
@@ -135,14 +129,17 @@ def _settings_schema(settings: type[BaseModel]) -> dict[str, Any]:
 
 
 def describe_type(
-    name: str, model_root: Path | str | None = None, settings: Mapping[str, Any] | None = None
+    name: str,
+    model_root: Path | str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    libraries: Sequence[Path | str] = (),
 ) -> TypeDescription:
     """Describes the type `name` and, with `settings`, checks them and computes their unit count and cost value.
 
     Raises:
         TaskTypeError: the type cannot be loaded, or `count_units` failed for valid settings.
     """
-    task_type = load_task_type(name, model_root)
+    task_type = load_task_type(name, model_root, libraries)
     cls = type(task_type)
     description = TypeDescription(
         type=name,

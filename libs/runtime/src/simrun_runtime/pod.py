@@ -164,7 +164,7 @@ class TaskSetup:
         if model_root is not None and not model_root.is_dir():
             raise UsageError(f"the model snapshot {model_root} of run {run.run_id} does not exist")
         try:
-            task_type = load_task_type(task_record.type, model_root)
+            task_type = load_task_type(task_record.type, model_root, record.library_roots(run.store))
         except TaskTypeError as exc:
             raise UsageError(str(exc)) from None
         if not task.settings.is_file():

@@ -163,6 +163,10 @@ class RunRecord(BaseModel):
         """The root of the model's snapshot, first on `sys.path` of every task."""
         return self.snapshots[0].resolve(store) if self.snapshots else None
 
+    def library_roots(self, store: StoreLayout) -> list[Path]:
+        """The roots of the model's library snapshots: those that are not packages follow it on `sys.path`."""
+        return [ref.resolve(store) for ref in self.snapshots[1:]]
+
     def task_files(self, task_id: str) -> dict[str, bytes] | None:
         """The files of a task that follow from the record, by name: `settings.json` and `provenance.json` (None for
         a task recorded without its settings)."""

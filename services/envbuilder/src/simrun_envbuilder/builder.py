@@ -26,6 +26,7 @@ import shutil
 import sys
 import threading
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -49,7 +50,14 @@ from simrun_envbuilder.image import (
     write_context,
 )
 from simrun_envbuilder.inputs import ModelInputs, read_inputs
-from simrun_envbuilder.lock import UvSettings, default_uv_command, run_lock, write_project
+from simrun_envbuilder.lock import (
+    UvSettings,
+    default_uv_command,
+    local_git_repositories,
+    read_lock,
+    run_lock,
+    write_project,
+)
 from simrun_envbuilder.overlays import Overlays
 from simrun_envbuilder.readers import EnvironmentReaders
 from simrun_envbuilder.system import check_packages
@@ -77,6 +85,7 @@ _FINAL_RUN_STATES = {"succeeded", "failed", "cancelled"}
 _DESCRIBE_OVERLAY_AGE_S = 3600.0
 _RECORD_KEYS = {
     "dockerfile",
+    "note",
     "environment_id",
     "lock_sha256",
     "inputs_digest",
@@ -124,6 +133,8 @@ class Environment:
     packages: list[str] = field(default_factory=list)
     size_bytes: int = 0
     system_packages: list[str] = field(default_factory=list)
+    note: str = ""
+    """What its lock decided that the submitter should know (the model's uv.lock was out of date)."""
 
 
 @dataclass(frozen=True)
@@ -426,6 +437,7 @@ class EnvironmentBuilder:
             if images is not None:  # a Python with a base image, installed here too (uv locks with it)
                 installed = [i for i in installed if i.minor in images.base_images]
             interpreter = pythons.choose(inputs.requires_python, installed, python_version)
+            local_git_repositories(inputs, self.settings.uv.local_git_roots)
             seed = inputs.model_lock or _read_bytes(self._previous_lock(inputs))
             work = self.root / "tmp" / uuid.uuid4().hex
             try:
@@ -457,7 +469,10 @@ class EnvironmentBuilder:
                 "packages": locked.packages,
                 "system_packages": inputs.system_packages,
                 "model": inputs.model.ref.name,
+                "note": _stale_lock_note(inputs.model_lock, locked.packages),
             }
+            if record["note"]:
+                log.warning("%s: %s", inputs.model.ref.name, record["note"])
             _write_json(self.root / "inputs" / f"{digest}.json", record)
             _atomic_bytes(self._previous_lock(inputs), locked.lock)
             return record
@@ -516,6 +531,8 @@ class EnvironmentBuilder:
                 }
                 _write_json(folder / "environment.json", meta)
                 build.add(f"building environment {environment_id} ({len(record['packages'])} packages)")
+                if record.get("note"):
+                    build.add(record["note"])
                 if self.settings.images is not None:
                     meta.update(self._build_image(environment_id, record, folder, build))
                     meta["interpreter_path"] = ""
@@ -625,6 +642,7 @@ class EnvironmentBuilder:
             packages=list(meta.get("packages", [])),
             size_bytes=int(meta.get("size_bytes", 0)),
             system_packages=list(meta.get("system_packages", [])),
+            note=str(meta.get("note", "")),
         )
 
     def _default(self) -> Environment:
@@ -690,3 +708,26 @@ def _mtime(path: Path, default: float) -> float:
 
 
 __all__ = ["DEFAULT_ENVIRONMENT", "BuilderSettings", "Environment", "EnvironmentBuilder", "EnvironmentState"]
+
+
+def _stale_lock_note(model_lock: bytes | None, packages: list[str]) -> str:
+    """What to tell the submitter when the model's own `uv.lock` did not fit its pyproject.toml: uv locked again,
+    and the versions that moved (the packages simrun adds, its runtime's and the backends, are no news)."""
+    if model_lock is None:
+        return ""
+    try:
+        seeded = dict(p.split("==", 1) for p in read_lock(model_lock).packages)
+    except (ValueError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return "the model's uv.lock could not be read: locked afresh from its pyproject.toml"
+    now = dict(p.split("==", 1) for p in packages)
+    moved = [
+        f"{name} {seeded[name]} -> {now[name]}"
+        for name in sorted(now.keys() & seeded.keys())
+        if seeded[name] != now[name]
+    ]
+    if not moved:
+        return ""
+    return (
+        f"the model's uv.lock was out of date with its pyproject.toml: locked again ({', '.join(moved[:6])}); "
+        "run `uv lock` in the model and commit it to keep the versions"
+    )

@@ -59,6 +59,7 @@ def environment_to_proto(environment: Environment) -> common_pb2.Environment:
         package_count=len(environment.packages),
         size_bytes=environment.size_bytes,
         system_packages=environment.system_packages,
+        note=environment.note,
     )
     if environment.create_time is not None:
         message.create_time.CopyFrom(_timestamp(environment.create_time))
@@ -86,6 +87,7 @@ def settings_from_config(config: ServerConfig) -> BuilderSettings:
         cache_dir=envs.uv_cache_dir,
         index_url=envs.index_url,
         find_links=tuple(envs.find_links),
+        local_git_roots=tuple(envs.local_git_roots),
         no_index=envs.no_index,
         confine=config.executor.local.confinement != "off",
     )

@@ -19,6 +19,7 @@ from typing import Any
 from simrun_core.errors import InvalidArgument, NotFound
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import SnapshotRef
+from simrun_runtime.sources import is_package
 
 _DEBIAN_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9-]+)?")
 _FOLDER_NAME = re.compile(r"[^A-Za-z0-9._-]")
@@ -49,6 +50,17 @@ class Source:
         name = self.project.get("project", {}).get("name")
         return str(name) if name else None
 
+    @property
+    def is_package(self) -> bool:
+        """Whether the source is built and installed editable (uv's rule, `simrun_runtime.sources`); one that is
+        not is imported from its root."""
+        return self.project_name is not None and is_package(self.project)
+
+    @property
+    def folder(self) -> str:
+        """Where the source is, in the words a submitter knows: its snapshot's name and its place."""
+        return f"snapshot {self.ref.name} (folder {self.place.as_posix()})"
+
 
 @dataclass(frozen=True)
 class ModelInputs:
@@ -59,7 +71,7 @@ class ModelInputs:
         project_name: the model's `[project] name`.
         requires_python: the model's `requires-python` (empty: any).
         system_packages: Debian packages of the model's `[tool.simrun] system-packages`.
-        build_requires: the `[build-system] requires` of every source, in first-seen order.
+        build_requires: the `[build-system] requires` of every source that is a package, in first-seen order.
         model_lock: the model's own `uv.lock`, the lock's seed; None without one.
         per_snapshot: a snapshot's content decides its dependencies (dynamic metadata), so the digest holds its id.
     """
@@ -158,9 +170,10 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
     for source in sources:
         data = source.project
         check_requirements(source)
-        # PEP 517: a project without [build-system] is built by setuptools' legacy backend.
-        default = {"requires": ["setuptools>=40.8.0"]} if source.project_name else {}
-        for requirement in data.get("build-system", default).get("requires", []):
+        # Only a package is built; one without [build-system] (`[tool.uv] package = true`) by setuptools' legacy
+        # backend, as uv builds it (PEP 517's default).
+        default = {"requires": ["setuptools>=40.8.0"]}
+        for requirement in data.get("build-system", default).get("requires", []) if source.is_package else []:
             if requirement not in build_requires:
                 build_requires.append(str(requirement))
         dynamic = set(data.get("project", {}).get("dynamic", []))

@@ -77,6 +77,8 @@ class UvSettings:
     cache_dir: Path | None = None
     index_url: str = ""
     find_links: tuple[str, ...] = ()
+    local_git_roots: tuple[Path, ...] = ()
+    """Folders whose git repositories a lock may clone by `git+file://`; a lock reads those it names."""
     no_index: bool = False
     offline: bool = False
     timeout_s: float = 900.0
@@ -103,6 +105,8 @@ class UvSettings:
             "UV_NO_CONFIG": "1",
             "UV_NO_PROGRESS": "1",
             "UV_CACHE_DIR": str(self.cache()),
+            # git reads no system config (url rewrites and helpers there may hold the server's credentials).
+            "GIT_CONFIG_NOSYSTEM": "1",
         }
         if interpreter is not None:
             env["UV_PYTHON"] = interpreter.path
@@ -115,12 +119,13 @@ class UvSettings:
         return cache
 
     def reads(self, *interpreters: str | Path) -> list[Path]:
-        """What a confined uv call reads beyond the system: uv itself, the interpreters, local `find_links`."""
+        """What a confined uv call reads beyond the system: uv itself, the interpreters, local `find_links`, the
+        local git repositories the configuration allows."""
         local = [Path(link) for link in self.find_links if "://" not in link]
         # `python -m uv` reads its interpreter's installation; a uv binary is one file (never its folder's
         # parent: `~/bin/uv` would open the whole home, the server's tokens with it).
         uv = interpreter_prefixes(self.command[0]) if "-m" in self.command else [Path(self.command[0]).resolve()]
-        return [*uv, *interpreter_prefixes(*interpreters), *local]
+        return [*uv, *interpreter_prefixes(*interpreters), *local, *self.local_git_roots]
 
     def describe(self) -> str:
         """What of the settings changes a resolution, for the inputs digest."""
@@ -168,7 +173,11 @@ def write_project(
     if any(_requirement_name(r) == "hatchling" for r in inputs.build_requires):
         requirements.append("editables")  # hatchling's editable install imports it
     sources: dict[str, Any] = {
-        inputs.project_name: {"path": model_place.as_posix(), "editable": True},
+        # A model that is not a package is a virtual member: uv locks its dependencies and builds nothing.
+        inputs.project_name: {
+            "path": model_place.as_posix(),
+            **({"editable": True} if inputs.model.is_package else {"package": False}),
+        },
         "simrun-runtime": {"path": runtime_wheel.name},
     }
     text = "\n".join(
@@ -269,10 +278,45 @@ def _without_frames(lines: list[str]) -> list[str]:
     return out
 
 
+def local_git_repositories(inputs: ModelInputs, roots: tuple[Path, ...]) -> list[Path]:
+    """The local repositories the sources name by `git+file://` (in a requirement or `[tool.uv.sources]`), each
+    of which a lock reads.
+
+    Raises:
+        InvalidArgument: one outside the configured `environments.local_git_roots`.
+    """
+    found: list[Path] = []
+    for source in inputs.sources:
+        project = source.project
+        texts = [*project.get("project", {}).get("dependencies", [])]
+        for group in project.get("project", {}).get("optional-dependencies", {}).values():
+            texts += list(group)
+        for value in project.get("tool", {}).get("uv", {}).get("sources", {}).values():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, dict) and isinstance(item.get("git"), str):
+                    texts.append(item["git"])
+        for text in texts:
+            match = _GIT_FILE.search(str(text))
+            if match is None:
+                continue
+            path = Path(match.group(1))
+            if not any(path == root or root in path.parents for root in (r.resolve() for r in roots)):
+                raise InvalidArgument(
+                    f"{source.ref.name}/pyproject.toml names the local git repository {path}: this server clones "
+                    "local repositories only under environments.local_git_roots; add its folder there, or "
+                    "name a repository the server can fetch (git+https://…)"
+                )
+            found.append(path)
+    return found
+
+
+_GIT_FILE = re.compile(r"(?:git\+)?file://(/[^@#?\s]*)")
+
+
 def _uv_lock(folder: Path, uv: UvSettings, interpreter: Interpreter) -> subprocess.CompletedProcess[str]:
     command = [*uv.command, "lock", "--python", interpreter.path, *uv.index_args()]
-    # uv asks the model's build backend (the submitter's code) for its metadata: it reads the snapshots and
-    # writes the lock project and uv's cache only.
+    # uv asks the model's build backend (the submitter's code) for its metadata: it reads the snapshots (and the
+    # local git repositories the configuration allows) and writes the lock project and uv's cache only.
     reads = [*linked_roots(folder), *uv.reads(interpreter.path)]
     with confined(command, uv.env(interpreter), read=reads, write=[folder, uv.cache()], enabled=uv.confine) as (
         argv,

@@ -20,7 +20,16 @@ from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import SnapshotRef
 
 from simrun_envbuilder.inputs import read_inputs
-from simrun_envbuilder.venv import BuildError, file_lock, is_ready, make_overlay, mark_ready, python_of, remove
+from simrun_envbuilder.venv import (
+    BuildError,
+    Editable,
+    file_lock,
+    is_ready,
+    make_overlay,
+    mark_ready,
+    python_of,
+    remove,
+)
 
 
 class Overlays:
@@ -59,7 +68,7 @@ class Overlays:
         folder.mkdir(parents=True)
         (folder / "environment").write_text(environment_id + "\n")
         inputs = read_inputs(self.store, snapshots)
-        editables = [s.root for s in inputs.sources if s.project_name] if inputs is not None else []
+        editables = [Editable(s.root, s.folder) for s in inputs.sources if s.is_package] if inputs is not None else []
         venv = shared_python.parent.parent
         try:
             make_overlay(venv, folder / "venv", editables, folder / "overlay.log")

@@ -220,12 +220,21 @@ def compile_bytecode(venv: Path, log: Path, confine: bool = True) -> bool:
     return code == 0
 
 
-def make_overlay(base_venv: Path, overlay: Path, editables: list[Path], log: Path, confine: bool = True) -> Path:
+@dataclass(frozen=True)
+class Editable:
+    """A source to install editable into an overlay: its root and how a submitter names it (its snapshot's name
+    and folder), for a failure's message."""
+
+    root: Path
+    label: str
+
+
+def make_overlay(base_venv: Path, overlay: Path, editables: list[Editable], log: Path, confine: bool = True) -> Path:
     """Builds the overlay of one set of snapshots on a shared venv and returns its interpreter: a bare venv, a
     `.pth` adding the shared site-packages, and the snapshots' editable wheels built by their backends offline.
 
     Raises:
-        BuildError: the venv or an editable install failed, with uv's reason.
+        BuildError: the venv or an editable install failed, naming the source, its backend, its reason and a fix.
     """
     _bare_venv(base_venv, overlay)
     shared = site_packages(base_venv)
@@ -240,8 +249,13 @@ def make_overlay(base_venv: Path, overlay: Path, editables: list[Path], log: Pat
 
 
 _EDITABLE_FRONTEND = r"""
-import importlib, json, os, sys, tomllib
+import contextlib, importlib, json, os, sys, tomllib
 out, results = sys.argv[1], []
+
+def failed(index, kind, backend, why):
+    print(json.dumps({"failed": index, "kind": kind, "backend": backend, "reason": why}))
+    sys.exit(1)
+
 for index, source in enumerate(sys.argv[2:]):
     with open(os.path.join(source, "pyproject.toml"), "rb") as f:
         system = tomllib.load(f).get("build-system", {})
@@ -249,20 +263,32 @@ for index, source in enumerate(sys.argv[2:]):
     sys.path[:0] = [os.path.join(source, p) for p in system.get("backend-path", [])]
     os.chdir(source)
     module, _, attrs = backend.partition(":")
-    hooks = importlib.import_module(module)
-    for attr in filter(None, attrs.split(".")):
-        hooks = getattr(hooks, attr)
+    try:
+        hooks = importlib.import_module(module)
+        for attr in filter(None, attrs.split(".")):
+            hooks = getattr(hooks, attr)
+    except (ImportError, AttributeError) as exc:
+        failed(index, "missing-backend", backend, f"{type(exc).__name__}: {exc}")
     if not hasattr(hooks, "build_editable"):
-        sys.exit(f"the build backend {backend} of {source} cannot install editable (no PEP 660 build_editable)")
+        failed(index, "no-editable", backend, "the backend has no build_editable hook")
     folder = os.path.join(out, str(index))
     os.makedirs(folder)
-    results.append(os.path.join(folder, hooks.build_editable(folder)))
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            results.append(os.path.join(folder, hooks.build_editable(folder)))
+    except SystemExit as exc:
+        failed(index, "failed", backend, str(exc.code) if exc.code not in (None, 0) else "the backend exited")
+    except BaseException as exc:
+        failed(index, "failed", backend, f"{type(exc).__name__}: {exc}")
 print(json.dumps(results))
 """
 
+REASON_LINES = 3
+"""How many lines of a build backend's reason a failed editable build quotes."""
+
 
 def _editable_wheels(
-    python: Path, sources: list[Path], dest: Path, log: Path, base_venv: Path, confine: bool = True
+    python: Path, sources: list[Editable], dest: Path, log: Path, base_venv: Path, confine: bool = True
 ) -> list[Path]:
     """Builds the editable wheels of `sources` with their own backends (PEP 660), all in one process of the
     overlay's interpreter, where the shared venv provides the backends: one backend import instead of one per
@@ -271,18 +297,70 @@ def _editable_wheels(
     The backends (an in-tree one is the model's own code) run confined: they read the sources and the venvs and
     write `dest` only."""
     dest.mkdir(parents=True)
-    command = [str(python), "-c", _EDITABLE_FRONTEND, str(dest), *map(str, sources)]
-    reads = [*sources, *interpreter_prefixes(python, python_of(base_venv)), base_venv]
-    with confined(command, {}, read=reads, write=[dest], enabled=confine) as (argv, env), log.open("a") as out:
-        out.write(f"$ building editable wheels of {', '.join(map(str, sources))}\n")
-        result = subprocess.run(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600, check=False
-        )
-        out.write(result.stdout)
+    roots = [s.root for s in sources]
+    projects = [_project_view(root, dest.parent / "sources" / str(i)) for i, root in enumerate(roots)]
+    command = [str(python), "-c", _EDITABLE_FRONTEND, str(dest), *map(str, projects)]
+    reads = [*roots, *interpreter_prefixes(python, python_of(base_venv)), base_venv]
+    # As a PEP 517 frontend does, the build environment's scripts come first on PATH (uv_build runs its binary).
+    path = {"PATH": os.pathsep.join([str(base_venv / "bin"), os.environ.get("PATH", os.defpath)])}
+    with (
+        confined(command, path, read=reads, write=[dest, *projects], enabled=confine) as (argv, env),
+        log.open("a") as out,
+    ):
+        out.write(f"$ building editable wheels of {', '.join(map(str, roots))}\n")
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
+        out.write(result.stderr + result.stdout)
     lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        raise BuildError(f"building the snapshots editable failed: {reason(result.stdout)}")
-    return [Path(p) for p in json.loads(lines[-1])]
+    answer = _json_line(lines[-1]) if lines else None
+    if isinstance(answer, dict) and isinstance(answer.get("failed"), int) and answer["failed"] < len(sources):
+        raise BuildError(_failed_build(sources[answer["failed"]], answer))
+    if result.returncode != 0 or not isinstance(answer, list):
+        raise BuildError(f"building the snapshots editable failed: {reason(result.stderr + result.stdout)}")
+    return [Path(p) for p in answer]
+
+
+def _project_view(root: Path, view: Path) -> Path:
+    """A writable folder of links to each entry of a read-only snapshot, kept with the overlay: a backend that
+    writes beside the project while it builds (pdm-backend's `.pdm-build`) writes here, and the editable install
+    it makes leads through the links into the snapshot."""
+    view.mkdir(parents=True)
+    for entry in root.iterdir():
+        (view / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    return view
+
+
+def _json_line(line: str) -> object:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def _failed_build(source: Editable, answer: dict[str, object]) -> str:
+    """What a submitter reads when a source's editable build failed: the source, the backend, its reason in at
+    most three lines, and the fix that fits."""
+    backend, kind = str(answer.get("backend", "")), answer.get("kind")
+    lines = [line.strip() for line in str(answer.get("reason", "")).splitlines() if line.strip()]
+    why = "\n".join(line.removeprefix("error: ") for line in lines[:REASON_LINES]) or "no reason given"
+    not_a_package = (
+        "or, if it is not meant to be installed, set `[tool.uv] package = false` (it is then imported from its root)"
+    )
+    if kind == "missing-backend":
+        module = backend.partition(":")[0]
+        fix = (
+            f"name the package that provides {module!r} in its `[build-system] requires` (for example "
+            f'`requires = ["hatchling"]` with `build-backend = "hatchling.build"`), {not_a_package}'
+        )
+    elif kind == "no-editable":
+        fix = (
+            f"{backend} cannot build an editable install (no PEP 660 build_editable): use a backend that can "
+            f"(setuptools>=64, hatchling, flit-core>=3.4, pdm-backend, uv_build), {not_a_package}"
+        )
+    elif "flat-layout" in why:
+        fix = f'name its packages in `[tool.setuptools] packages = ["..."]` in its pyproject.toml, {not_a_package}'
+    else:
+        fix = f"fix its build (`uv build` in its folder shows the whole output), {not_a_package}"
+    return f"building {source.label} editable with {backend} failed: {why}\nfix: {fix}"
 
 
 def install_wheel(wheel: Path, site: Path) -> None:

@@ -52,6 +52,7 @@ def _from_domain(environment: domain.Environment) -> Environment:
         python_version=environment.python_version,
         image=environment.image,
         lock_hash=environment.lock_sha256,
+        note=environment.note,
     )
 
 
@@ -175,6 +176,7 @@ class GrpcEnvironments:
             python_version=message.python_version,
             image=message.image,
             lock_hash=message.lock_sha256,
+            note=message.note,
         )
 
 

@@ -52,6 +52,8 @@ class Environment:
     image: str = ""
     """The image by digest where pods run images (a cluster); empty on this machine."""
     lock_hash: str = ""
+    note: str = ""
+    """What its lock decided that the submitter should know (a stale uv.lock locked again); empty mostly."""
 
 
 DEFAULT_ENVIRONMENT = "default"

@@ -74,7 +74,10 @@ def describe_tasks(
     order = list(workflow.order)
     requests = [
         DescribeRequest(
-            type=workflow.spec.tasks[t].type, model_root=str(model_root), settings=workflow.spec.tasks[t].settings
+            type=workflow.spec.tasks[t].type,
+            model_root=str(model_root),
+            settings=workflow.spec.tasks[t].settings,
+            libraries=[str(p) for p in libraries],
         )
         for t in order
     ]

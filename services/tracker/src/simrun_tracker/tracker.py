@@ -316,7 +316,8 @@ class RunTracker:
             environment=environment.environment_id,
             reservation=reserve,
             request_id=submission.request_id,
-            message="" if planned is not None else f"building environment {environment.environment_id}",
+            message="" if planned is not None else f"building environment {environment.environment_id}"
+            + (f": {environment.note}" if environment.note else ""),
             # The SubmitRun span (or the caller's context): the driver's steps and the pods continue its trace.
             traceparent=current_traceparent(),
             reuse=reuse.policy.value,

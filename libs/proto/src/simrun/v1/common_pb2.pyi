@@ -1013,6 +1013,7 @@ class Environment(_message.Message):
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     LAST_USE_TIME_FIELD_NUMBER: _builtins.int
     SYSTEM_PACKAGES_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.str
     """Id: the hash of the lock, the Python version, the simrun version and the base."""
     lock_sha256: _builtins.str
@@ -1033,6 +1034,8 @@ class Environment(_message.Message):
     """Third-party packages in its lock."""
     size_bytes: _builtins.int
     """Bytes it takes: a venv's on disk; an image's in the registry (its config and compressed layers)."""
+    note: _builtins.str
+    """What its lock decided that the submitter should know (the model's uv.lock was out of date and locked again)."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """When it was first built."""
@@ -1061,10 +1064,11 @@ class Environment(_message.Message):
         size_bytes: _builtins.int = ...,
         last_use_time: _timestamp_pb2.Timestamp | None = ...,
         system_packages: _abc.Iterable[_builtins.str] | None = ...,
+        note: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "last_use_time", b"last_use_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "environment_id", b"environment_id", "image", b"image", "inputs_digest", b"inputs_digest", "interpreter", b"interpreter", "last_use_time", b"last_use_time", "lock_sha256", b"lock_sha256", "message", b"message", "package_count", b"package_count", "python_version", b"python_version", "size_bytes", b"size_bytes", "state", b"state", "system_packages", b"system_packages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "environment_id", b"environment_id", "image", b"image", "inputs_digest", b"inputs_digest", "interpreter", b"interpreter", "last_use_time", b"last_use_time", "lock_sha256", b"lock_sha256", "message", b"message", "note", b"note", "package_count", b"package_count", "python_version", b"python_version", "size_bytes", b"size_bytes", "state", b"state", "system_packages", b"system_packages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
