@@ -421,3 +421,30 @@ def test_src_layouts_of_every_common_backend_run_and_a_flat_layout_refusal_says_
     assert summary(store, record)["rows"] == 16
     table = store.run(record["run_id"]).task("scan").root / "out" / "table" / "exposure.csv"
     assert table.read_text().splitlines()[0] == "auc_mg_h_per_l,clearance_l_per_h,cmax_mg_per_l,dose_mg,patient,tmax_h"
+
+
+def test_a_uv_workspace_member_depending_on_another_member_runs(submit, tmp_path: Path) -> None:
+    """The model is one member of a uv workspace and depends on another with `{ workspace = true }`: the client
+    snapshots the member it uses, and the environment locks both as members of one workspace."""
+    src = tmp_path / "src"
+    member_source = "\n[tool.uv.sources]\nshared-tools = { workspace = true }\n"
+    write(
+        src,
+        {
+            "pyproject.toml": '[tool.uv.workspace]\nmembers = ["packages/*"]\n',
+            "packages/model/pyproject.toml": pyproject("wsmodel", member_source, ("tinydep==1.0", "shared-tools")),
+            "packages/model/wsmodel/__init__.py": "",
+            "packages/model/wsmodel/tasks.py": TASK.format(
+                imports="import shared_tools", facts='"tool": shared_tools.WHO'
+            ),
+            "packages/model/scan.yaml": workflow("wsmodel.tasks:Scan"),
+            "packages/shared/pyproject.toml": pyproject("shared-tools", "", ("tinydep",))
+            + '[build-system]\nrequires = ["tinyback==1.0"]\nbuild-backend = "tinyback"\n',
+            "packages/shared/shared_tools/__init__.py": "WHO = 'a member'\n",
+        },
+    )
+    repo = git_repo(src, tmp_path / "workspace")
+    output, record, store = submit(repo / "packages" / "model" / "scan.yaml")
+    succeeded(output, record)
+    assert summary(store, record)["tool"] == "a member"
+    assert [s["name"] for s in record["snapshots"]] == ["model", "shared"]

@@ -7,7 +7,9 @@ libraries' own path sources.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -65,4 +67,46 @@ def _path_sources(tree: Path) -> list[tuple[str, Path]]:
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, dict) and "path" in item:
                 found.append((entry, Path(os.path.normpath(tree / str(item["path"])))))
+            elif isinstance(item, dict) and item.get("workspace") is True:
+                found.append((entry, workspace_member(tree, entry)))
     return found
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def workspace_member(tree: Path, name: str) -> Path:
+    """The folder of the uv workspace member `name` that `tree` (a member itself) depends on with
+    `{ workspace = true }`: found in the `[tool.uv.workspace] members` of the nearest workspace root above it.
+
+    Raises:
+        InvalidArgument: no workspace root above `tree`, or no member of that name.
+    """
+    for root in [tree, *tree.parents]:
+        try:
+            data = tomllib.loads((root / "pyproject.toml").read_text())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise InvalidArgument(f"{root / 'pyproject.toml'} is not valid TOML: {exc}") from None
+        workspace = data.get("tool", {}).get("uv", {}).get("workspace")
+        if not isinstance(workspace, dict):
+            continue
+        excluded = {p.resolve() for pattern in workspace.get("exclude", []) for p in root.glob(pattern)}
+        for pattern in workspace.get("members", []):
+            for member in sorted(root.glob(pattern)):
+                if member.resolve() in excluded or not (member / "pyproject.toml").is_file():
+                    continue
+                with contextlib.suppress(tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
+                    project = tomllib.loads((member / "pyproject.toml").read_text()).get("project", {})
+                    if _normalized(str(project.get("name", ""))) == _normalized(name):
+                        return member.resolve()
+        raise InvalidArgument(
+            f"{tree / 'pyproject.toml'}: [tool.uv.sources] {name} = {{ workspace = true }}, and the workspace at "
+            f"{root} has no member named {name!r}: add its folder to [tool.uv.workspace] members"
+        )
+    raise InvalidArgument(
+        f"{tree / 'pyproject.toml'}: [tool.uv.sources] {name} = {{ workspace = true }}, and no folder above it "
+        "holds a pyproject.toml with [tool.uv.workspace]"
+    )

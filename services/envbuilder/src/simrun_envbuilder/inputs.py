@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -40,6 +40,8 @@ class Source:
     root: Path
     place: PurePosixPath
     pyproject: bytes | None
+    member: bool = False
+    """A uv workspace member another source depends on with `{ workspace = true }` (the model is one too then)."""
 
     @property
     def project(self) -> dict[str, Any]:
@@ -129,9 +131,17 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
     by_name = {ref.name: (ref, root) for ref, root in zip(snapshots[1:], roots[1:], strict=True)}
     sources = [model]
     places = {PurePosixPath("."): model.ref.name}
+    members: set[str] = set()
     queue = [model]
     while queue:
         source = queue.pop(0)
+        for entry in _workspace_sources(source):
+            member = _member(entry, source, by_name, sources)
+            members |= {source.ref.name, member.ref.name}
+            if member not in sources:
+                sources.append(member)
+                places[member.place] = member.ref.name
+                queue.append(member)
         for entry, path in _path_sources(source):
             place = _normalize(source.place / path)
             if not _leaves(place, source.place):
@@ -157,6 +167,7 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
             places[place] = folder
             sources.append(library)
             queue.append(library)
+    sources = [replace(s, member=s.ref.name in members) for s in sources]
     project = model.project
     simrun = project.get("tool", {}).get("simrun", {})
     system_packages = simrun.get("system-packages", simrun.get("system_packages", []))
@@ -188,6 +199,41 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
         model_lock=_read(roots[0] / "uv.lock"),
         per_snapshot=per_snapshot,
     )
+
+
+def _workspace_sources(source: Source) -> list[str]:
+    """The names a source depends on as uv workspace members (`name = { workspace = true }`)."""
+    sources = source.project.get("tool", {}).get("uv", {}).get("sources", {})
+    return [
+        entry
+        for entry, value in sources.items()
+        for item in (value if isinstance(value, list) else [value])
+        if isinstance(item, dict) and item.get("workspace") is True
+    ]
+
+
+def _member(name: str, source: Source, by_name: dict[str, tuple[SnapshotRef, Path]], sources: list[Source]) -> Source:
+    """The workspace member `name`: a source already, or the run's snapshot of a project of that name (the client
+    snapshots each member it uses, by its folder's name), placed beside the model.
+
+    Raises:
+        InvalidArgument: the run has no snapshot of a project of that name.
+    """
+    wanted = _NORMALIZE.sub("-", name).lower()
+    for known in sources:
+        if known.project_name and _NORMALIZE.sub("-", known.project_name).lower() == wanted:
+            return known
+    for ref, root in by_name.values():
+        candidate = Source(ref, root, PurePosixPath("..", ref.name), _read(root / "pyproject.toml"))
+        if candidate.project_name and _NORMALIZE.sub("-", candidate.project_name).lower() == wanted:
+            return candidate
+    raise InvalidArgument(
+        f"{source.ref.name}/pyproject.toml: [tool.uv.sources] {name} = {{ workspace = true }}, and the run has no "
+        "snapshot of that workspace member: submit with the simrun client, which snapshots the members it uses"
+    )
+
+
+_NORMALIZE = re.compile(r"[-_.]+")
 
 
 def check_requirements(source: Source) -> None:
