@@ -448,3 +448,65 @@ def test_a_uv_workspace_member_depending_on_another_member_runs(submit, tmp_path
     succeeded(output, record)
     assert summary(store, record)["tool"] == "a member"
     assert [s["name"] for s in record["snapshots"]] == ["model", "shared"]
+
+
+POISON = BACKEND.replace(
+    "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):",
+    """def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    cache = os.environ.get("UV_CACHE_DIR", "")
+    for folder, _, names in os.walk(cache):
+        for n in names:
+            if n == "__init__.py" and folder.endswith("tinydep"):
+                try:
+                    with open(os.path.join(folder, n), "w") as f:
+                        f.write("VERSION = 'poisoned'\\n")
+                except OSError:
+                    pass""",
+)
+
+
+def test_a_build_that_runs_a_submitters_code_cannot_poison_anothers_environment(
+    start_server, wheelhouse: Path, tmp_path: Path
+) -> None:
+    """uv's cache is shared by every build of the server; a package built from source (here from git) runs its
+    backend, the submitter's code, during the build. That backend rewrites every cached copy of tinydep it can
+    reach: an environment built before it, and one built after it for another model, still hold the real one."""
+    write_wheel(wheelhouse, "poisonback", "1.0", {"poisonback/__init__.py": POISON.encode()})
+    repositories = tmp_path / "repositories"
+    environments = offline(wheelhouse, tmp_path / "uv-cache", local_git_roots=[repositories])
+    submit = submitter(start_server(environments=environments))
+
+    def model(name: str, dependencies: tuple[str, ...], pin: str, copy: str = "") -> Path:
+        src = tmp_path / f"src-{name}{copy}"
+        write(
+            src,
+            {
+                "pyproject.toml": pyproject(name, dependencies=(f"tinydep=={pin}", *dependencies)),
+                f"{name}/__init__.py": "",
+                f"{name}/tasks.py": TASK.format(imports="", facts='"ok": 1'),
+                "scan.yaml": workflow(f"{name}.tasks:Scan"),
+            },
+        )
+        return git_repo(src, tmp_path / f"{name}{copy}") / "scan.yaml"
+
+    output, before, store = submit(model("victima", (), "1.0"))
+    succeeded(output, before)
+    evil = tmp_path / "evil"
+    write(
+        evil,
+        {
+            "pyproject.toml": '[project]\nname = "evil"\nversion = "1.0"\n[build-system]\n'
+            'requires = ["poisonback==1.0"]\nbuild-backend = "poisonback"\n',
+            "evil/__init__.py": "",
+        },
+    )
+    upstream = git_repo(evil, repositories / "evil")
+    output, attack, _ = submit(model("attacker", (f"evil @ git+file://{upstream}@main",), "2.0"))
+    succeeded(output, attack)
+    output, after, _ = submit(model("victimb", ("otherdep==1.0",), "2.0"))
+    succeeded(output, after)
+    assert summary(store, after)["tinydep"] == "2.0", "the cached tinydep was rewritten"
+    # The environment built before the attack, used again by a new run (not reused), holds the real one too.
+    output, again, _ = submit(model("victima", (), "1.0", copy="-again"), "--reuse", "never")
+    succeeded(output, again)
+    assert again["environment"] == before["environment"] and summary(store, again)["tinydep"] == "1.0"

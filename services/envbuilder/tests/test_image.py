@@ -167,6 +167,9 @@ def test_the_dockerfile_has_the_concepts_pages_layers() -> None:
     runs = [line for line in lines if line.startswith(("RUN", "COPY"))]
     assert "simrun_runtime-0.1.whl" in runs[-1], "simrun is the last layer"
     assert render_dockerfile(settings, "3.11", [], False, "w.whl").count("apt-get") == 0
+    # a lock that builds a package from source runs its backend: no uv cache shared with other image builds
+    assert "--mount=type=cache" in render_dockerfile(settings, "3.11", [], False, "w.whl")
+    assert "--mount=type=cache" not in render_dockerfile(settings, "3.11", [], True, "w.whl", builds_from_source=True)
     with pytest.raises(InvalidArgument, match="by digest"):
         ImageSettings(registry="r", repository="x", base_images={"3.11": "python:3.11-slim"})
 

@@ -451,7 +451,12 @@ class EnvironmentBuilder:
             dockerfile = ""
             if images is not None:
                 dockerfile = render_dockerfile(
-                    images, interpreter.minor, inputs.system_packages, locked.uses_git, self._runtime_wheel.name
+                    images,
+                    interpreter.minor,
+                    inputs.system_packages,
+                    locked.uses_git,
+                    self._runtime_wheel.name,
+                    locked.builds_from_source,
                 )
                 environment_id = image_tag(locked.identity, interpreter.minor, self._runtime_version, dockerfile)
             else:

@@ -89,9 +89,15 @@ class ImageSettings:
 
 
 def render_dockerfile(
-    settings: ImageSettings, python_version: str, system_packages: list[str], uses_git: bool, runtime_wheel: str
+    settings: ImageSettings,
+    python_version: str,
+    system_packages: list[str],
+    uses_git: bool,
+    runtime_wheel: str,
+    builds_from_source: bool = False,
 ) -> str:
-    """The Dockerfile of an environment; its text is part of the image's name."""
+    """The Dockerfile of an environment; its text is part of the image's name. A lock with a package built from
+    source gets no shared uv cache mount: the build runs that package's backend, which could write it."""
     base = settings.base_images.get(python_version)
     if base is None:
         raise InvalidArgument(f"no base image for Python {python_version}: configure one in environments.images")
@@ -116,8 +122,8 @@ def render_dockerfile(
         "WORKDIR /opt/simrun/lock",
         "COPY pyproject.toml uv.lock ./",
         f"ENV UV_PROJECT_ENVIRONMENT={VENV} UV_PYTHON_DOWNLOADS=never UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy",
-        "RUN --mount=type=cache,target=/root/.cache/uv "
-        f"uv venv --python python{python_version} {VENV} && "
+        ("RUN " if builds_from_source else "RUN --mount=type=cache,target=/root/.cache/uv ")
+        + f"uv venv --python python{python_version} {VENV} && "
         "uv sync --frozen --no-install-local --no-install-package simrun-runtime"
         + (f" --default-index {settings.index_url}" if settings.index_url else ""),
         f"COPY {runtime_wheel} /opt/simrun/",

@@ -18,7 +18,8 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,10 @@ class UvSettings:
             "UV_CACHE_DIR": str(self.cache()),
             # git reads no system config (url rewrites and helpers there may hold the server's credentials).
             "GIT_CONFIG_NOSYSTEM": "1",
+            # A venv's files are copies, never hard links into the cache: a build step, a package's `.pth` at
+            # an interpreter's start, may write the venv it builds, and through a link the cache every other
+            # environment is installed from.
+            "UV_LINK_MODE": "copy",
         }
         if interpreter is not None:
             env["UV_PYTHON"] = interpreter.path
@@ -142,6 +147,8 @@ class LockedEnvironment:
         identity: SHA-256 of its third-party packages and manifest (local packages left out).
         packages: third-party packages as `name==version`, sorted.
         uses_git: whether a locked package comes from a git repository.
+        builds_from_source: whether a locked package has no wheel (an sdist, a git source): installing it runs
+            its build backend.
     """
 
     lock: bytes
@@ -149,6 +156,7 @@ class LockedEnvironment:
     identity: str
     packages: list[str]
     uses_git: bool
+    builds_from_source: bool = False
 
 
 def write_project(
@@ -242,7 +250,8 @@ def read_lock(data: bytes) -> LockedEnvironment:
     ).hexdigest()
     packages = sorted(f"{p['name']}=={p.get('version', '')}" for p in third_party)
     uses_git = any("git" in p.get("source", {}) for p in third_party)
-    return LockedEnvironment(data, hashlib.sha256(data).hexdigest(), identity, packages, uses_git)
+    from_source = any(not p.get("wheels") for p in third_party)
+    return LockedEnvironment(data, hashlib.sha256(data).hexdigest(), identity, packages, uses_git, from_source)
 
 
 def reason(stderr: str) -> str:
@@ -315,8 +324,40 @@ def local_git_repositories(inputs: ModelInputs, roots: tuple[Path, ...]) -> list
 _GIT_FILE = re.compile(r"(?:git\+)?file://(/[^@#?\s]*)")
 
 
+def needs_build(uv_output: str) -> bool:
+    """Whether uv refused a step for `--no-build` (`Building source distributions for … is disabled` when it
+    locks, `marked as --no-build but has no binary distribution` when it installs)."""
+    return "Building source distributions for" in uv_output or "marked as `--no-build`" in uv_output
+
+
+@contextlib.contextmanager
+def cache_for_builds(uv: UvSettings, beside: Path) -> Iterator[UvSettings]:
+    """uv's settings with a private cache beside `beside`, removed afterwards: for a step that builds from
+    source, which runs a submitter's code (a backend, a `setup.py`) that may write the cache it is given. The
+    shared cache is only ever written by steps that run none (`--no-build`)."""
+    private = beside.parent / f".{beside.name}.uv-cache"
+    shutil.rmtree(private, ignore_errors=True)
+    private.mkdir(parents=True)
+    try:
+        yield replace(uv, cache_dir=private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
 def _uv_lock(folder: Path, uv: UvSettings, interpreter: Interpreter) -> subprocess.CompletedProcess[str]:
-    command = [*uv.command, "lock", "--python", interpreter.path, *uv.index_args()]
+    """`uv lock` without building anything, on the shared cache; where the lock needs a build (an sdist, a git
+    or dynamic-metadata source), again with a cache of its own, since a build runs the submitter's code."""
+    result = _uv_lock_once(folder, uv, interpreter, ["--no-build"])
+    if result.returncode == 0 or not needs_build(result.stderr):
+        return result
+    with cache_for_builds(uv, folder) as private:
+        return _uv_lock_once(folder, private, interpreter, [])
+
+
+def _uv_lock_once(
+    folder: Path, uv: UvSettings, interpreter: Interpreter, extra: list[str]
+) -> subprocess.CompletedProcess[str]:
+    command = [*uv.command, "lock", "--python", interpreter.path, *uv.index_args(), *extra]
     # uv asks the model's build backend (the submitter's code) for its metadata: it reads the snapshots (and the
     # local git repositories the configuration allows) and writes the lock project and uv's cache only.
     reads = [*linked_roots(folder), *uv.reads(interpreter.path)]

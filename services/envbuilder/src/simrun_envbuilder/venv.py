@@ -18,10 +18,10 @@ import subprocess
 import time
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from simrun_envbuilder.lock import UvSettings, reason
+from simrun_envbuilder.lock import UvSettings, cache_for_builds, needs_build, reason
 from simrun_envbuilder.pythons import Interpreter
 from simrun_envbuilder.sandbox import confined, interpreter_prefixes, linked_roots
 
@@ -111,22 +111,27 @@ class VenvBuild:
         version = ".".join(map(str, self.interpreter.version))
         progress(f"installing the locked packages into a venv with Python {version}")
         # uv sync makes the venv itself (UV_PROJECT_ENVIRONMENT): one process fewer than `uv venv` first.
-        self._uv(
-            [
-                "sync",
-                "--python",
-                self.interpreter.path,
-                "--frozen",
-                "--no-install-local",
-                "--no-install-package",
-                "simrun-runtime",
-                *self.uv.index_args(),
-            ],
-            "uv sync",
-            progress,
-            env={"UV_PROJECT_ENVIRONMENT": str(self.venv)},
-            cwd=self.project,
-        )
+        sync = [
+            "sync",
+            "--python",
+            self.interpreter.path,
+            "--frozen",
+            "--no-install-local",
+            "--no-install-package",
+            "simrun-runtime",
+            *self.uv.index_args(),
+        ]
+        env = {"UV_PROJECT_ENVIRONMENT": str(self.venv)}
+        try:
+            # Wheels only, on the shared cache: nothing of a submitter's runs while that cache is writable.
+            self._uv([*sync, "--no-build"], "uv sync", progress, env=env, cwd=self.project)
+        except BuildError as exc:
+            if not needs_build(str(exc)):
+                raise
+            progress("building packages from source, with a uv cache of this environment's own")
+            shutil.rmtree(self.venv, ignore_errors=True)
+            with cache_for_builds(self.uv, self.venv) as private:
+                replace(self, uv=private)._uv(sync, "uv sync", progress, env=env, cwd=self.project)
         progress("installing simrun-runtime")
         self._uv(
             [
