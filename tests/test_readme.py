@@ -87,3 +87,6 @@ def test_every_command_of_the_readme_runs_in_a_fresh_home(tmp_path: Path) -> Non
     assert re.search(r"^bob \(person\), priority standard$", out, re.MULTILINE), out
     assert re.search(r"^bob-agent \(agent, acting for bob\), priority agent$", out, re.MULTILINE), out
     assert (home / ".local" / "bin" / "simrun").is_symlink()
+    # An agent host configured from the README starts the bridge by its name, from the same PATH.
+    bridge = subprocess.run(["simrun-mcp", "--help"], env=env, capture_output=True, text=True, check=False)
+    assert bridge.returncode == 0 and "usage" in bridge.stdout.lower(), bridge.stdout + bridge.stderr

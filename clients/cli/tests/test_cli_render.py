@@ -66,8 +66,6 @@ def test_render_prints_the_workflow_the_executor_would_submit(model_repo: Path, 
 
 def test_render_refuses_what_a_submission_refuses_in_one_line(model_repo: Path, tmp_path: Path, config) -> None:
     runner = CliRunner()
-    no_image = runner.invoke(cli, ["render", str(model_repo / "pi.yaml"), "--nodes", str(nodes_file(tmp_path))])
-    assert no_image.exit_code == 1 and "--image" in no_image.output
     tiny = tmp_path / "tiny.yaml"
     tiny.write_text(yaml.safe_dump([{"name": "node-a", "cores": 1, "memory_gb": 0.01}]))
     refused = runner.invoke(
@@ -90,3 +88,17 @@ def test_render_without_nodes_plans_on_the_server_s_nodes_with_the_token_s_prior
     assert schemas.errors(workflow) == []
     templates = {t["name"]: t for t in workflow["spec"]["templates"]}
     assert templates["estimate-w0"]["priorityClassName"] == "simrun-owner-base"  # the server's owner token
+
+
+def test_render_without_an_image_previews_with_a_named_placeholder_and_says_so(
+    model_repo: Path, tmp_path: Path, config
+) -> None:
+    result = CliRunner().invoke(
+        cli, ["render", str(model_repo / "pi.yaml"), "--nodes", str(nodes_file(tmp_path)), "--config", str(config)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "rendered with the placeholder simrun-render-placeholder.invalid/no-image@sha256:" in result.stderr
+    workflow = yaml.safe_load(result.stdout)
+    assert schemas.errors(workflow) == []
+    images = {t["container"]["image"] for t in workflow["spec"]["templates"] if "container" in t}
+    assert images == {"simrun-render-placeholder.invalid/no-image@sha256:" + "0" * 64}

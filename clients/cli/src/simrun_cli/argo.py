@@ -19,6 +19,10 @@ PRIORITIES = ["owner", "standard", "agent"]
 """`simrun_core.identity.Priority`'s values (the command loads no more than click until it runs)."""
 
 
+PLACEHOLDER_IMAGE = "simrun-render-placeholder.invalid/no-image@sha256:" + "0" * 64
+"""The image of a Workflow rendered without one: `.invalid` is never a registry's name (RFC 2606)."""
+
+
 def _model_root(workflow: Path, model: Path | None) -> Path:
     """The model as a submission finds it: --model, else the innermost `pyproject.toml` folder, else the tree's top.
 
@@ -149,7 +153,13 @@ def render_command(
         settings = KubernetesSettings.model_validate(config.executor.kubernetes or {})
     image = image or settings.default_image
     if not image:
-        raise InvalidArgument("no image to render with: pass --image REPO@sha256:… (the run's environment image)")
+        # An offline preview: a name no registry serves, so the Workflow cannot run by mistake.
+        image = PLACEHOLDER_IMAGE
+        click.echo(
+            f"no --image and no executor.kubernetes.default_image: rendered with the placeholder {PLACEHOLDER_IMAGE}; "
+            "pass --image REPO@sha256:… (the run's environment image) for a Workflow to submit",
+            err=True,
+        )
     if "@sha256:" not in image:
         raise InvalidArgument(f"the image {image!r} is not named by digest: pass --image REPO@sha256:…")
     if nodes_file is not None:
