@@ -6,8 +6,11 @@ import json
 import time
 
 import pytest
+from click.testing import CliRunner
+from conftest import TOKENS
 from e2e_support import expected_total, wait_final, write_workflow
 from simrun.v1 import common_pb2
+from simrun_cli.main import cli
 from simrun_core.errors import FailedPrecondition, NotFound, PermissionDenied
 from simrun_runtime.layout import StoreLayout
 
@@ -103,3 +106,30 @@ def test_cancel_stops_the_pods_and_only_the_submitter_or_the_owner_may(start_ser
     done = len(list(task.units.done.iterdir()))
     time.sleep(1.0)
     assert len(list(task.units.done.iterdir())) == done < 40  # nothing computes any more
+
+
+def test_a_cancelled_task_that_never_ran_shows_no_pods(start_server, client_for, e2e_model) -> None:
+    """`simrun status`'s pods column counts the pods that started: the downstream task of a run cancelled while
+    its upstream computed shows 0, not the pod its plan had."""
+    server = start_server()
+    client = client_for(server, "agent")
+    workflow = (
+        slow(
+            e2e_model,
+            units=40,
+            seconds=0.5,
+            seed=3,
+            name="two.yaml",
+        ).read_text()
+        + "  total:\n    type: e2etasks.tasks:Sum\n    inputs: {values: values.values}\n"
+    )
+    run = client.submit(write_workflow(e2e_model, workflow, "two.yaml"))
+    wait_running(client, run.run_id)
+    client.cancel(run.run_id)
+    env = {"SIMRUN_ENDPOINT": server.address, "SIMRUN_TOKEN": TOKENS["agent"], "COLUMNS": "200"}
+    status = CliRunner().invoke(cli, ["status", run.run_id], env=env, catch_exceptions=False)
+    rows = {
+        line.split()[0]: line.split() for line in status.output.splitlines() if line.startswith(("values", "total"))
+    }
+    assert rows["total"][2] == "cancelled" and rows["total"][-1] == "0", status.output
+    assert rows["values"][2] == "cancelled" and int(rows["values"][-1]) >= 1, status.output

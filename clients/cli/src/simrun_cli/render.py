@@ -105,10 +105,17 @@ def tasks_table(run: common_pb2.Run) -> list[str]:
                 state(name),
                 bar(done, total),
                 f"{task.units_done}/{units}" if units is not None else "-",
-                str(task.plan.pods) if task.plan.pods else "",
+                _pods(task, name),
             ]
         )
     return table(columns, rows)
+
+
+def _pods(task: common_pb2.Task, state_name: str) -> str:
+    """The pods a task planned while it waits, then those that started: a task cancelled before it ran shows 0."""
+    if state_name in ("pending", "queued") and not task.pods_started:
+        return str(task.plan.pods) if task.plan.pods else ""
+    return str(task.pods_started)
 
 
 def task_messages(run: common_pb2.Run) -> Iterator[str]:

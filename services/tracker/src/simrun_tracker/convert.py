@@ -134,6 +134,7 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
             state=TASK_STATE_TO_PROTO[task.state],
             message=task.message,
             key=task.key or "",
+            pods_started=sum(1 for attempts in task.attempts.values() if attempts > 0),
         )
         message.inputs.update(task.inputs)
         if (reused := reused_from_message(task.reused_from)) is not None:

@@ -812,6 +812,7 @@ class Task(_message.Message):
     RESOURCES_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
     REUSED_FROM_FIELD_NUMBER: _builtins.int
+    PODS_STARTED_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Id of the task in the workflow."""
     type: _builtins.str
@@ -828,6 +829,8 @@ class Task(_message.Message):
     """Why it failed or was cancelled; empty otherwise."""
     key: _builtins.str
     """The task key (SHA-256 hex of type, settings, snapshots, environment and upstream keys); empty if not cacheable."""
+    pods_started: _builtins.int
+    """How many of its pods have started at least once (0 for a task that never ran)."""
     @_builtins.property
     def inputs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Input port -> `<task>.<port>` it reads."""
@@ -859,10 +862,11 @@ class Task(_message.Message):
         resources: Global___ResolvedResources | None = ...,
         key: _builtins.str = ...,
         reused_from: Global___ReusedFrom | None = ...,
+        pods_started: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "plan", b"plan", "resources", b"resources", "reused_from", b"reused_from", "units", b"units"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "inputs", b"inputs", "key", b"key", "message", b"message", "plan", b"plan", "resources", b"resources", "reused_from", b"reused_from", "split", b"split", "state", b"state", "task_id", b"task_id", "type", b"type", "units", b"units", "units_done", b"units_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "inputs", b"inputs", "key", b"key", "message", b"message", "plan", b"plan", "pods_started", b"pods_started", "resources", b"resources", "reused_from", b"reused_from", "split", b"split", "state", b"state", "task_id", b"task_id", "type", b"type", "units", b"units", "units_done", b"units_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__units: _TypeAlias = _typing.Literal["units"]  # noqa: Y015
     _WhichOneofArgType__units: _TypeAlias = _typing.Literal["_units", b"_units"]  # noqa: Y015
