@@ -88,6 +88,14 @@ def test_the_inspector_lists_the_tools_submits_a_run_and_reads_it_back(start_ser
         )
     )["structuredContent"]
     assert got["run_id"] == run["run_id"] and got["state"] == "succeeded"
+
+    # An agent's first call: every argument of a listing tool is optional.
+    listed_runs = inspector(tmp_path, server.address, e2e_model, "--method", "tools/call", "--tool-name", "list_runs")
+    assert listed_runs.returncode == 0, listed_runs.stdout + listed_runs.stderr
+    assert [r["run_id"] for r in _json(listed_runs)["structuredContent"]["runs"]] == [run["run_id"]]
+    for name, tool in tools.items():
+        if name.startswith("list_"):
+            assert not tool["inputSchema"].get("required"), (name, tool["inputSchema"])
     assert got["tasks"][0]["units_done"] == 3 and got["tasks"][0]["summary"]["units"] == 3
 
     # An error reaches the Inspector as a tool error (its exit code 5) with the bridge's words, no traceback.

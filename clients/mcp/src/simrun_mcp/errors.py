@@ -28,7 +28,7 @@ _CLI_WORDS = [
     (re.compile(r": start it with `simrun server`"), ", where no simrun server runs"),
     (re.compile(r",? where `simrun server` writes one"), ""),
     (re.compile(r"`simrun nodes`"), "list_nodes()"),
-    (re.compile(r"`simrun list[^`]*`"), "list_runs(group)"),
+    (re.compile(r"`simrun list[^`]*`"), "list_runs()"),
     (re.compile(r"`simrun status[^`]*`"), "get_run(run_id)"),
     (re.compile(r"`simrun logs[^`]*`"), "get_logs(run_id, task_id)"),
     (re.compile(r"`simrun compare[^`]*`"), "compare_runs(run_ids)"),
@@ -49,7 +49,7 @@ _WORKFLOW_TOOLS = ("submit_run", "estimate_run")
 
 _ADVICE: list[tuple[type[SimrunError], str]] = [
     (InvalidArgument, "Fix the argument and call {tool} again."),
-    (NotFound, "Check the id: list_runs(group) lists the runs, get_run(run_id) shows a run's tasks."),
+    (NotFound, "Check the id: list_runs() lists the runs, get_run(run_id) shows a run's tasks."),
     (
         FailedPrecondition,
         "The request does not fit the present state: list_nodes() shows the nodes and their reservations, "

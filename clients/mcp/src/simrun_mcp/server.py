@@ -224,9 +224,8 @@ class Bridge:
     async def list_runs(
         self,
         group: Annotated[
-            str,
-            Field(description="Only this group's runs; an empty string lists every group.", max_length=MAX_ID_CHARS),
-        ],
+            str | None, Field(description="Only this group's runs; omit for every group.", max_length=MAX_ID_CHARS)
+        ] = None,
         state: Annotated[models.RunStateName | None, Field(description="Only runs in this state.")] = None,
         owner: Annotated[
             str | None, Field(description="Only runs this identity submitted (see whoami).", max_length=MAX_ID_CHARS)
@@ -240,7 +239,7 @@ class Bridge:
         """List runs, newest first, one page at a time: each with its state and units done."""
         page = await self.blocking(
             self.client.list_runs_page,
-            group=group,
+            group=group or None,
             state=state,
             owner=owner,
             page_size=page_size,
