@@ -8,222 +8,240 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 RunStateName = Literal["submitting", "queued", "running", "succeeded", "failed", "cancelled"]
 TaskStateName = Literal["pending", "queued", "running", "succeeded", "failed", "cancelled"]
 PriorityName = Literal["owner", "standard", "agent"]
 
 
-class PriorityTier(BaseModel):
-    """One priority tier: who gets it and the values of its two priority classes."""
+def _compact_schema(schema: dict[str, Any]) -> None:
+    """Cut what an agent reads in `tools/list` and learns nothing from: pydantic's titles (the field's name
+    again), `anyOf` with null for a nullable value (`type: [T, "null"]` says it), and a null default (every
+    result carries every field)."""
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+        if prop.get("default", 0) is None:
+            del prop["default"]
+        variants = prop.get("anyOf")
+        if variants and len(variants) == 2 and {"type": "null"} in variants:
+            (other,) = [v for v in variants if v != {"type": "null"}]
+            if set(other) == {"type"} and isinstance(other["type"], str):
+                del prop["anyOf"]
+                prop["type"] = [other["type"], "null"]
+
+
+class Result(BaseModel):
+    """The base of every result: its JSON schema is compact (`_compact_schema`)."""
+
+    model_config = ConfigDict(json_schema_extra=lambda schema, _cls: _compact_schema(schema))
+
+
+class PriorityTier(Result):
+    """A priority tier and its two priority classes' values."""
 
     priority: PriorityName
     who: str = Field(description="Whose runs get this tier.")
-    base: int = Field(description="Value of the coordinator's (and an unsplit task's) priority class.")
-    extra: int = Field(description="Value of the extra workers' priority class.")
+    base: int = Field(description="The coordinator's class.")
+    extra: int = Field(description="The extra workers' class.")
 
 
-class WhoAmI(BaseModel):
+class WhoAmI(Result):
     """Who the bridge's token belongs to, the priority of its runs, and what preempts whom."""
 
-    name: str = Field(description="The identity's name; runs you submit have it as their owner.")
+    name: str = Field(description="Your runs' owner.")
     kind: Literal["owner", "person", "agent"]
-    on_behalf_of: str | None = Field(description="The person an agent acts for; null for a person.")
-    priority: PriorityName = Field(description="The priority tier of every run this identity submits.")
-    tiers: list[PriorityTier] = Field(description="Every tier, highest first.")
-    preemption: str = Field(description="What preempts whom, in a few sentences.")
+    on_behalf_of: str | None = Field(description="The person an agent acts for.")
+    priority: PriorityName = Field(description="Your runs' tier.")
+    tiers: list[PriorityTier] = Field(description="Highest first.")
+    preemption: str = Field(description="What preempts whom.")
 
 
-class ReusedFrom(BaseModel):
-    """The earlier run whose results a task takes instead of computing them (the same task key)."""
+class ReusedFrom(Result):
+    """The earlier run whose results a task takes (the same task key)."""
 
     run_id: str
     task_id: str
-    units: int | None = Field(
-        default=None, description="Units of a split task taken from it; null when its whole outputs are reused."
-    )
+    units: int | None = Field(default=None, description="Units taken; null: all its outputs.")
 
 
-class TaskInfo(BaseModel):
+class TaskInfo(Result):
     """One task of a run."""
 
     task_id: str
-    type: str = Field(description="The task type, `module:Class`.")
+    type: str = Field(description="module:Class")
     state: TaskStateName
-    split: bool = Field(description="Whether the task is split into units that workers claim.")
-    units: int | None = Field(description="Units of a split task; null for an unsplit one.")
-    units_done: int = Field(description="Units done so far.")
-    pods: int = Field(description="Worker pods planned for the task.")
-    message: str = Field(description="Why it failed or was cancelled; empty otherwise.")
-    summary: dict[str, Any] | None = Field(
-        default=None, description="The task's summary values (from its summary.json) once it succeeded."
-    )
-    reused_from: ReusedFrom | None = Field(
-        default=None, description="The earlier run whose results it reused, if any (nothing was computed for them)."
-    )
+    split: bool = Field(description="Split into units.")
+    units: int | None = Field(description="Null: unsplit.")
+    units_done: int
+    pods: int = Field(description="Worker pods planned.")
+    message: str = Field(description="Why it failed or was cancelled.")
+    summary: dict[str, Any] | None = Field(default=None, description="Its summary.json once it succeeded.")
+    reused_from: ReusedFrom | None = Field(default=None, description="Results reused, not computed.")
 
 
-class MemoryKill(BaseModel):
-    """A pod killed for memory (it is retried once with 1.5 times the memory per process)."""
+class MemoryKill(Result):
+    """A pod killed for memory (retried once with 1.5× the memory)."""
 
     task_id: str
-    worker: str = Field(description="w0 for the coordinator, w1… for extra workers.")
-    memory_gb: float = Field(description="The pod's memory limit, GiB.")
-    per_worker_gb: float = Field(description="Memory per worker process, GiB.")
+    worker: str = Field(description="w0: coordinator; w1…: extra workers.")
+    memory_gb: float = Field(description="Pod limit, GiB.")
+    per_worker_gb: float = Field(description="Per process, GiB.")
 
 
-class ModelSource(BaseModel):
-    """Where the run's model came from: the snapshot of the working tree."""
+class ModelSource(Result):
+    """The snapshot of the model's working tree."""
 
     name: str
     snapshot_id: str
     branch: str
     commit: str
-    dirty: bool = Field(description="Whether the working tree had uncommitted changes (they are in the snapshot).")
-    changed_files: int = Field(description="Files changed against the commit.")
+    dirty: bool = Field(description="Uncommitted changes (in the snapshot).")
+    changed_files: int
 
 
-class RunInfo(BaseModel):
-    """A run: its state, its tasks with units done, its message, summaries and memory kills."""
+class RunInfo(Result):
+    """A run."""
 
     run_id: str
     state: RunStateName
-    ended: bool = Field(description="Whether the run has ended (succeeded, failed or cancelled).")
+    ended: bool = Field(description="Succeeded, failed or cancelled.")
     group: str
-    owner: str = Field(description="The identity that submitted it.")
+    owner: str
     priority: PriorityName
-    message: str = Field(description="Why it failed or was cancelled; empty otherwise.")
+    message: str = Field(description="Why it failed or was cancelled.")
     tasks: list[TaskInfo]
     memory_kills: list[MemoryKill]
-    reservation: str = Field(description="The node the run reserves; empty if none.")
-    model: ModelSource | None = Field(description="The snapshot of the model the run runs on.")
-    create_time: str = Field(description="When it was submitted, RFC 3339.")
-    end_time: str | None = Field(description="When it ended, RFC 3339; null while it runs.")
-    truncated: bool = Field(description="Whether tasks, summaries, kills or messages were cut to keep this small.")
-    next_step: str = Field(description="What to call next.")
+    reservation: str = Field(description="The node it reserves.")
+    model: ModelSource | None
+    create_time: str = Field(description="RFC 3339")
+    end_time: str | None = Field(description="RFC 3339")
+    truncated: bool = Field(description="Something was cut to keep this small.")
+    next_step: str
 
 
 class SubmitResult(RunInfo):
-    """The submitted run (or, for a request id used before, the first run submitted with it)."""
+    """The run submitted (for a request id used before: the first run of it)."""
 
-    workflow_path: str = Field(description="The workflow file, resolved.")
-    waited_s: float = Field(description="Seconds the call waited for the run (0 without wait_s).")
+    workflow_path: str = Field(description="Resolved.")
+    waited_s: float = Field(description="Seconds waited.")
 
 
 class WatchResult(RunInfo):
-    """The run when watch_run returned: on a change of the run's or a task's state, at its end, or at the timeout."""
+    """The run when a state changed, it ended, or timeout_s passed."""
 
-    changed: bool = Field(description="Whether the run's or a task's state changed while watching.")
-    timed_out: bool = Field(description="Whether the call returned because timeout_s passed.")
-    progress: float = Field(description="Units done (an unsplit task counts as one unit once it succeeded).")
-    total: float = Field(description="Units in all (an unsplit task counts as one).")
+    changed: bool = Field(description="A state changed.")
+    timed_out: bool = Field(description="timeout_s passed.")
+    progress: float = Field(description="Units done (an unsplit task is one).")
+    total: float = Field(description="Units in all.")
 
 
-class RunSummary(BaseModel):
-    """A run in a list: its state and progress, without its details."""
+class RunSummary(Result):
+    """A run without its details."""
 
     run_id: str
     state: RunStateName
     group: str
     owner: str
     priority: PriorityName
-    tasks: int = Field(description="Its tasks; get_run or watch_run tells each one's units done.")
-    units: int = Field(description="Units across its split tasks.")
+    tasks: int = Field(description="Tasks (get_run tells them).")
+    units: int = Field(description="Units of its split tasks.")
     message: str
     create_time: str
     end_time: str | None
 
 
-class RunList(BaseModel):
+class RunList(Result):
     """A page of runs, newest first."""
 
     runs: list[RunSummary]
-    next_page_token: str = Field(description="Pass it as page_token for the next page; empty at the end.")
+    next_page_token: str = Field(description="page_token of the next page; empty at the end.")
 
 
-class ComparisonRow(BaseModel):
-    """One summary value across the runs, in the order of run_ids."""
+class ComparisonRow(Result):
+    """One summary value across the runs."""
 
     task_id: str
-    key: str = Field(description="The key in the task's summary (dotted for nested values).")
-    values: list[Any] = Field(description="The value in each run, null where a run has none.")
-    differs: bool = Field(description="Whether the runs' values are not all equal.")
+    key: str = Field(description="Dotted for nested values.")
+    values: list[Any] = Field(description="One per run of run_ids.")
+    differs: bool = Field(description="Not all equal.")
 
 
-class Comparison(BaseModel):
+class Comparison(Result):
     """The summary values of runs side by side."""
 
-    run_ids: list[str] = Field(description="The runs compared: the columns of every row's values.")
+    run_ids: list[str] = Field(description="The columns of values.")
     rows: list[ComparisonRow]
-    rows_total: int = Field(description="Rows before only_differences and the cap.")
-    truncated: bool = Field(description="Whether rows or values were cut to keep this small.")
+    rows_total: int = Field(description="Before only_differences and the cap.")
+    truncated: bool = Field(description="Rows or values were cut.")
 
 
-class PodLog(BaseModel):
+class PodLog(Result):
     """The last lines of one pod's log."""
 
-    pod: str = Field(description="The pod's log, e.g. w0.log for the coordinator.")
+    pod: str = Field(description="w0.log: the coordinator.")
     lines: list[str]
-    matched_lines: int = Field(description="Lines of the log (matching the pattern, if one was given).")
-    truncated: bool = Field(description="Whether earlier lines were left out (tail_lines) or long lines cut.")
+    matched_lines: int = Field(description="Lines matching (all without pattern).")
+    truncated: bool = Field(description="Earlier lines left out or long lines cut.")
 
 
-class Logs(BaseModel):
+class Logs(Result):
     """The last lines of a task's pod logs; never follows."""
 
     run_id: str
     state: RunStateName
-    task_id: str = Field(description="The task whose logs these are (chosen when the call named none).")
+    task_id: str = Field(description="Chosen when the call named none.")
     pods: list[PodLog]
     truncated: bool
 
 
-class TaskEstimate(BaseModel):
-    """The plan of one task and, once learned, its seconds."""
+class TaskEstimate(Result):
+    """One task's plan and, once learned, its seconds."""
 
     task_id: str
     pods: int
     cores_per_pod: int
     memory_gb_per_pod: int
     processes_per_pod: int
-    units: int | None = Field(description="Units of a split task; null for an unsplit one.")
-    seconds: float | None = Field(description="Estimated seconds; null until the units' seconds are learned.")
-    base_priority: str = Field(description="Priority class of the coordinator, e.g. simrun-agent-base.")
-    extra_priority: str = Field(description="Priority class of the extra workers.")
-    memory_reason: str = Field(description="Why the memory per process is what it is.")
-    reused_from: ReusedFrom | None = Field(
-        default=None, description="The earlier run whose results it would reuse instead of computing them, if any."
-    )
+    units: int | None = Field(description="Null: unsplit.")
+    seconds: float | None = Field(description="Null: not learned yet.")
+    base_priority: str = Field(description="The coordinator's class.")
+    extra_priority: str = Field(description="The extra workers' class.")
+    memory_reason: str = Field(description="Why this memory per process.")
+    reused_from: ReusedFrom | None = Field(default=None, description="Results it would reuse.")
 
 
-class Estimate(BaseModel):
+class Estimate(Result):
     """The plan of a workflow without running it."""
 
     workflow_path: str
     tasks: list[TaskEstimate]
-    seconds: float | None = Field(
-        description="The tasks' seconds added up (a reused task's are 0); null while any is unknown."
-    )
+    seconds: float | None = Field(description="Summed (reused: 0); null while any is unknown.")
 
 
-class NodeInfo(BaseModel):
+class NodeInfo(Result):
     """A node runs are placed on."""
 
     name: str
-    cores: int = Field(description="Whole cores a worker pod can have on it.")
-    memory_gb: float = Field(description="GiB of memory a worker pod can have on it.")
+    cores: int = Field(description="For a worker pod.")
+    memory_gb: float = Field(description="GiB for a worker pod.")
     gpus: int
-    reserved_by: str = Field(description="The run whose reservation holds the node; empty if free.")
+    reserved_by: str = Field(description="The run reserving it.")
 
 
-class Nodes(BaseModel):
+class Nodes(Result):
     """The nodes of the executor."""
 
     nodes: list[NodeInfo]
 
 
-class CancelResult(RunInfo):
-    """The run after cancel_run."""
+class CancelResult(Result):
+    """The run after cancel_run; get_run tells the rest."""
 
-    cancelled: bool = Field(description="Whether this call cancelled it (false: it had already ended).")
+    run_id: str
+    state: RunStateName
+    ended: bool
+    message: str
+    next_step: str
+    cancelled: bool = Field(description="False: it had ended.")

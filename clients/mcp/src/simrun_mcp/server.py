@@ -250,9 +250,9 @@ class Bridge:
     async def compare_runs(
         self,
         run_ids: Annotated[
-            list[Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]],
-            Field(description="The runs to compare, at most 50; empty to compare a group.", max_length=50),
-        ],
+            list[Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]] | None,
+            Field(description="The runs to compare, at most 50; omit to compare a group.", max_length=50),
+        ] = None,
         group: Annotated[
             str | None, Field(description="Compare this group's runs (when run_ids is empty).", max_length=MAX_ID_CHARS)
         ] = None,
@@ -263,7 +263,7 @@ class Bridge:
             raise InvalidArgument("give the runs to compare in run_ids, or a group")
         if run_ids and group:
             raise InvalidArgument("give run_ids or a group, not both")
-        response = await self.blocking(self.client.compare, run_ids=run_ids, group=group)
+        response = await self.blocking(self.client.compare, run_ids=run_ids or [], group=group)
         return convert.comparison(response, only_differences)
 
     async def get_logs(
@@ -326,7 +326,10 @@ class Bridge:
             if run.state not in _FINAL:
                 raise
             cancelled = False
-        return models.CancelResult(**convert.run_fields(run), cancelled=cancelled)
+        fields = convert.run_fields(run)
+        return models.CancelResult(
+            **{k: fields[k] for k in ("run_id", "state", "ended", "message", "next_step")}, cancelled=cancelled
+        )
 
     async def list_nodes(self) -> models.Nodes:
         """The nodes runs are placed on: cores, memory, GPUs and which run reserves each."""
