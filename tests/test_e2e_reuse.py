@@ -59,6 +59,19 @@ def test_a_downstream_change_computes_no_unit_upstream_and_matches_a_fresh_run(s
     estimate = client.estimate(write_workflow(e2e_model, sums(offset=7)))
     reused = {t.task_id: t.reused_from for t in estimate.tasks if t.HasField("reused_from")}
     assert set(reused) == {"values"} and reused["values"].run_id == first.run_id
+    # A reused task computes nothing; the other one has run before under its observation key (type, model).
+    seconds = {t.task_id: t.seconds for t in estimate.tasks}
+    assert seconds["values"] == 0 and all(t.HasField("seconds") for t in estimate.tasks)
+    cli_args = ["--endpoint", server.address, "--token", TOKENS["person"]]
+    workflow = str(write_workflow(e2e_model, sums(offset=7)))
+    shown = CliRunner().invoke(cli, ["estimate", workflow, *cli_args])
+    assert shown.exit_code == 0, shown.output
+    assert "unknown" not in shown.output and "compute seconds in all: " in shown.output
+    # Without reuse the split task gets its learned unit seconds times its rounds over the processes.
+    never = client.estimate(write_workflow(e2e_model, sums(offset=7)), reuse="never")
+    values_plan = next(t for t in never.tasks if t.task_id == "values")
+    rounds = -(-6 // (values_plan.plan.pods * values_plan.plan.shape.processes))
+    assert 0.05 * rounds * 0.8 <= values_plan.seconds <= 0.05 * rounds * 3
 
     second = client.submit(write_workflow(e2e_model, sums(offset=7)))
     final = wait_final(client, second.run_id)

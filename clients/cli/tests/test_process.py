@@ -54,6 +54,44 @@ def test_an_unreachable_server_is_one_line_without_traceback(tmp_path: Path) -> 
     assert done.stdout == ""
 
 
+def test_whoami_wait_gives_up_with_the_reason_after_its_seconds(tmp_path: Path) -> None:
+    endpoint = _free_endpoint()
+    started = time.monotonic()
+    done = subprocess.run(
+        [SIMRUN, "whoami", "--wait", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_env(tmp_path, SIMRUN_ENDPOINT=endpoint),
+    )
+    waited = time.monotonic() - started
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"Error: cannot reach simrun at {endpoint}: start it with `simrun server`\n"
+    assert 1.5 <= waited < 10, waited
+
+
+def test_whoami_wait_answers_once_a_server_started_later_wrote_its_token(tmp_path: Path) -> None:
+    """The README's first start: the home has no token yet when the client starts waiting."""
+    endpoint = _free_endpoint()
+    env = _env(tmp_path / "home", SIMRUN_ENDPOINT=endpoint)
+    waiting = subprocess.Popen(
+        [SIMRUN, "whoami", "--wait", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    time.sleep(1.0)
+    assert waiting.poll() is None, waiting.communicate()
+    server = subprocess.Popen(
+        [SIMRUN, "server", "--address", endpoint], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
+    try:
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, err
+        assert out == "owner (owner), priority owner\n"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        waiting.kill()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """`simrun server --nodes …` as a process: its endpoint and home; SIGTERM must then end it cleanly."""

@@ -420,11 +420,20 @@ def snapshot(path: Path, name: str | None, store: Path | None, client: Client) -
 
 
 @cli.command()
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0),
+    default=0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Wait up to SECONDS for simrun to start (and write its token file) before answering.",
+)
 @json_option
 @with_client
-def whoami(as_json: bool, client: Client) -> None:
+def whoami(wait_s: float, as_json: bool, client: Client) -> None:
     """Say who your token belongs to and at which priority your runs go."""
-    identity = client.identity()
+    identity = client.wait_ready(wait_s) if wait_s else client.identity()
     if as_json:
         plain.echo_json(identity)
         return

@@ -201,7 +201,7 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> list[str]:
         Column("units", right=True),
         Column("priority"),
         Column("memory from"),
-        Column("compute seconds", right=True),  # its units' learned seconds over its processes; `unknown` until learned
+        Column("compute seconds", right=True),  # learned seconds over its processes; 0 reused; `unknown` until learned
         Column("reused from"),
     ]
     rows: list[list[Cell]] = []
@@ -220,7 +220,12 @@ def estimate_table(estimate: tracker_pb2.EstimateRunResponse) -> list[str]:
                 _reused(task.reused_from) if task.HasField("reused_from") else "",
             ]
         )
-    return table(columns, rows, rule=True)
+    unknown = [t.task_id for t in estimate.tasks if not t.HasField("seconds")]
+    if unknown:
+        total = f"compute seconds in all: unknown until {', '.join(unknown)} ran once"
+    else:
+        total = f"compute seconds in all: {_seconds(sum(t.seconds for t in estimate.tasks))} (a reused task's are 0)"
+    return [*table(columns, rows, rule=True), total]
 
 
 def _reused(source: common_pb2.ReusedFrom) -> str:

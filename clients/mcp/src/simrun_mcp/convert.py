@@ -278,8 +278,7 @@ def estimate(workflow_path: str, response: tracker_pb2.EstimateRunResponse) -> m
         )
         for t in response.tasks
     ]
-    # A task reused whole takes no time; one seeded with units is estimated for the rest.
-    known = [0.0 if t.reused_from is not None and t.reused_from.units is None else t.seconds for t in tasks]
+    known = [t.seconds for t in tasks]
     total = sum(s for s in known if s is not None) if all(s is not None for s in known) else None
     return models.Estimate(workflow_path=workflow_path, tasks=tasks, seconds=total)
 

@@ -129,6 +129,7 @@ class Client:
         from simrun_core.telemetry_env import may_record
 
         self.endpoint = endpoint or DEFAULT_ENDPOINT
+        self._token_given = bool(token)
         self.token = client_token(token)
         self.timeout_s = timeout_s
         self._tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
@@ -138,8 +139,11 @@ class Client:
         self._opening = threading.Lock()  # threads sharing the client (simrun-mcp's) open one channel
         self._tracker_stub: tracker_pb2_grpc.RunTrackerServiceStub | None = None
         self._unary: unary.UnaryConnection | None = None
-        plain = self._tls_ca is None and telemetry is None and not may_record()
-        if quick_start and plain and unary.usable(self.endpoint):
+        self._quick = quick_start and self._tls_ca is None and telemetry is None and not may_record()
+        self._open_unary()
+
+    def _open_unary(self) -> None:
+        if self._quick and unary.usable(self.endpoint):
             metadata = [("authorization", f"Bearer {self.token}")] if self.token else []
             self._unary = unary.UnaryConnection(self.endpoint, metadata, MAX_MESSAGE_BYTES)
 
@@ -205,6 +209,29 @@ class Client:
 
         request = gateway_pb2.GetIdentityRequest()
         return self._call(GATEWAY + "GetIdentity", request, gateway_pb2.GetIdentityResponse).identity
+
+    def wait_ready(self, timeout_s: float, poll_s: float = 0.2) -> common_pb2.Identity:
+        """Who the token belongs to, once simrun answers: while simrun cannot be reached (it is starting), or no
+        token was given and `simrun server` has not yet written its token file, this tries again for up to
+        `timeout_s` seconds, then raises the last error (the same one-line error as any call)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.identity()
+            except (Unavailable, Unauthenticated) as error:
+                starting = isinstance(error, Unavailable) and str(error).startswith("cannot reach simrun")
+                no_token_yet = isinstance(error, Unauthenticated) and not self._token_given
+                if not (starting or no_token_yet) or time.monotonic() + poll_s > deadline:
+                    raise
+            time.sleep(poll_s)
+            token = client_token(None) if not self._token_given else self.token
+            if token != self.token:
+                # The server wrote its token file since: connect again with it.
+                self.close()
+                self.token, self._grpc_channel, self._tracker_stub, self._unary = token, None, None, None
+                self._open_unary()
 
     def snapshot(self, tree: str | Path, *, name: str | None = None, store: str | Path | None = None) -> SnapshotResult:
         """Snapshots a git working tree: into `store` when it is mounted here, else by uploading what simrun lacks.

@@ -316,7 +316,9 @@ class RunTracker:
             environment=environment.environment_id,
             reservation=reserve,
             request_id=submission.request_id,
-            message="" if planned is not None else f"building environment {environment.environment_id}"
+            message=""
+            if planned is not None
+            else f"building environment {environment.environment_id}"
             + (f": {environment.note}" if environment.note else ""),
             # The SubmitRun span (or the caller's context): the driver's steps and the pods continue its trace.
             traceparent=current_traceparent(),
@@ -499,11 +501,14 @@ class RunTracker:
                     run_id=source.run_id, task_id=source.task_id, units=len(source.units) if source.units else None
                 )
             seconds = None
-            if task.description.split and task.plan.units and (source is None or source.partial):
+            if source is not None and not source.partial:
+                # Reused whole: nothing of it is computed.
+                seconds = 0.0
+            elif task.description.split and task.plan.units:
                 units = task.plan.units - (len(source.units) if source and source.units else 0)
-                if units > 0:
-                    seconds = self.learner.estimate(task.key, units, task.plan.pods, task.plan.shape.processes)
-            elif not task.description.split and source is None:
+                processes = task.plan.shape.processes
+                seconds = self.learner.estimate(task.key, units, task.plan.pods, processes) if units > 0 else 0.0
+            elif not task.description.split:
                 # An unsplit task is one unit: its learned seconds are those of its whole run.
                 seconds = self.learner.estimate(task.key, 1, 1, 1)
             estimates.append(TaskEstimate(task, seconds, reused))
