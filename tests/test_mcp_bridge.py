@@ -131,8 +131,11 @@ def test_an_agent_submits_watches_reads_lists_and_compares(start_server, e2e_mod
             assert compared["run_ids"] == [run_id, second_id]
             rows = {(r["task_id"], r["key"]): r["values"] for r in compared["rows"]}
             assert rows == {("values", "total"): [expected_total(1, 6), expected_total(2, 6)]}
-            everything = await call(client, "compare_runs", run_ids=[], group="study")
+            everything = await call(client, "compare_runs", group="study")
             assert everything["rows_total"] == 2 and len(everything["rows"]) == 2
+            sources = {r["key"]: r for r in everything["sources"]}
+            assert sources["model"]["values"] == ["e2e-model", "e2e-model"] and not sources["model"]["differs"]
+            assert sources["snapshot"]["values"][0] and len(sources["commit"]["values"][0]) == 40
 
             logs = await call(client, "get_logs", run_id=run_id, tail_lines=1)
             assert logs["task_id"] == "values" and logs["pods"][0]["pod"] == "w0.log"

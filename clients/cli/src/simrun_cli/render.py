@@ -163,15 +163,35 @@ def _count(n: int, noun: str) -> str:
 def comparison_table(
     comparison: tracker_pb2.CompareRunsResponse, settings: Sequence[tuple[str, str, Sequence[str]]] = ()
 ) -> list[str]:
-    """Summary values side by side: a row per task and key, a column per run; the differing settings first, dim."""
+    """Summary values side by side: a row per task and key, a column per run; first what each run ran on (its
+    model, snapshot and commit), then the differing settings, dim; a line below says when the runs are of several
+    models."""
     columns = [Column("task"), Column("key"), *(Column(run_id, right=True) for run_id in comparison.run_ids)]
     dim = {"dim": True}
     rows: list[list[Cell]] = [
+        ["run", row.key, *(_source_value(row.key, v) for v in row.values)] for row in comparison.sources
+    ]
+    rules = {len(rows) - 1} if rows else set()
+    rows += [
         [Styled(text, dim) for text in (task_id, f"settings.{key}", *map(summary_value, values))]
         for task_id, key, values in settings
     ]
+    if settings:
+        rules.add(len(rows) - 1)
     rows += [[row.task_id, row.key, *(summary_value(v) for v in row.values)] for row in comparison.rows]
-    return table(columns, rows, rule=True, rules_after={len(settings) - 1} if settings else set())
+    lines = table(columns, rows, rule=True, rules_after=rules)
+    models = next((row.values for row in comparison.sources if row.key == "model"), [])
+    distinct = list(dict.fromkeys(summary_value(v) for v in models if v))
+    if len(distinct) > 1:
+        names = printable(", ".join(distinct))
+        lines.append(f"these runs are of {len(distinct)} models ({names}): their values are not one study")
+    return lines
+
+
+def _source_value(key: str, value: str) -> str:
+    """A source row's value: a commit as its first 12 characters, as git shows one."""
+    shown = summary_value(value)
+    return shown[:12] if key == "commit" else shown
 
 
 def runs_table(runs: Iterable[common_pb2.Run]) -> list[str]:

@@ -246,15 +246,17 @@ def run_summary(run: common_pb2.Run) -> models.RunSummary:
 
 def comparison(response: tracker_pb2.CompareRunsResponse, only_differences: bool) -> models.Comparison:
     cut = Cut()
-    rows = []
-    for row in response.rows:
+
+    def row_of(row: tracker_pb2.ComparisonRow) -> models.ComparisonRow:
         values = [_value(v, cut) for v in row.values]
         differs = len({json.dumps(v, sort_keys=True) for v in values}) > 1
-        if only_differences and not differs:
-            continue
-        rows.append(models.ComparisonRow(task_id=row.task_id, key=row.key, values=values, differs=differs))
+        return models.ComparisonRow(task_id=row.task_id, key=row.key, values=values, differs=differs)
+
+    sources = [row_of(row) for row in response.sources]
+    rows = [r for r in map(row_of, response.rows) if r.differs or not only_differences]
     return models.Comparison(
         run_ids=list(response.run_ids),
+        sources=sources,
         rows=cut.items(rows, MAX_ROWS),
         rows_total=len(response.rows),
         truncated=cut.truncated,

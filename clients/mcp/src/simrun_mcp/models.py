@@ -172,6 +172,7 @@ class Comparison(Result):
     """The summary values of runs side by side."""
 
     run_ids: list[str] = Field(description="The columns of values.")
+    sources: list[ComparisonRow] = Field(description="What each run ran on: model, snapshot, commit, dirty.")
     rows: list[ComparisonRow]
     rows_total: int = Field(description="Before only_differences and the cap.")
     truncated: bool = Field(description="Rows or values were cut.")

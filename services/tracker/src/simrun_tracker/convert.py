@@ -198,6 +198,8 @@ def comparison_message(comparison: Comparison) -> tracker_pb2.CompareRunsRespons
     response = tracker_pb2.CompareRunsResponse(run_ids=comparison.run_ids)
     for task_id, key, values in comparison.rows:
         response.rows.add(task_id=task_id, key=key, values=values)
+    for key, values in comparison.sources:
+        response.sources.add(key=key, values=values)
     return response
 
 

@@ -10,7 +10,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -49,10 +49,28 @@ class TaskProgress:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Summary values of runs side by side: one row per task and (dotted) summary key."""
+    """Summary values of runs side by side: one row per task and (dotted) summary key, after the rows of what
+    each run ran on (`SOURCE_KEYS`), so runs of different models or commits do not read as one study."""
 
     run_ids: list[str]
     rows: list[tuple[str, str, list[str]]]
+    sources: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+SOURCE_KEYS = ("model", "snapshot", "commit", "dirty")
+"""The rows of a comparison's sources: the model's snapshot name and id, its commit, and whether the working tree
+had uncommitted changes."""
+
+
+def _sources(record: RunRecord) -> dict[str, str]:
+    if not record.snapshots:
+        return {}
+    model = record.snapshots[0]
+    found = {"model": model.name, "snapshot": model.snapshot_id, "commit": model.provenance.commit}
+    values: dict[str, object] = {k: v for k, v in found.items() if v}
+    if model.provenance.commit:
+        values["dirty"] = model.provenance.dirty
+    return {key: json.dumps(value) for key, value in values.items()}
 
 
 class RunReader:
@@ -268,8 +286,10 @@ class RunReader:
                 raise NotFound(f"no runs in group {group!r}")
         flat: list[dict[tuple[str, str], str]] = []
         keys: list[tuple[str, str]] = []
+        sources: list[dict[str, str]] = []
         for run_id in run_ids:
             record = self.get(run_id)
+            sources.append(_sources(record))
             values: dict[tuple[str, str], str] = {}
             for task_id, summary in task_summaries(self.runs.layout, record).items():
                 for key, value in flatten(summary):
@@ -279,7 +299,8 @@ class RunReader:
                     keys.append(k)
             flat.append(values)
         rows = [(task_id, key, [values.get((task_id, key), "") for values in flat]) for task_id, key in keys]
-        return Comparison(run_ids, rows)
+        shown = [key for key in SOURCE_KEYS if any(key in run for run in sources)]
+        return Comparison(run_ids, rows, [(key, [run.get(key, "") for run in sources]) for key in shown])
 
 
 def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:

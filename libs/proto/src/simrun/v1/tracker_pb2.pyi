@@ -475,6 +475,7 @@ class CompareRunsResponse(_message.Message):
 
     RUN_IDS_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
+    SOURCES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The runs compared, the columns."""
@@ -483,15 +484,22 @@ class CompareRunsResponse(_message.Message):
     def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___ComparisonRow]:
         """One row per task and summary key."""
 
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___ComparisonRow]:
+        """What each run ran on, before its summaries: rows `model` (the model's snapshot name), `snapshot` (its id),
+        `commit` and `dirty` (uncommitted changes were in it); task_id is empty.
+        """
+
     def __init__(
         self,
         *,
         run_ids: _abc.Iterable[_builtins.str] | None = ...,
         rows: _abc.Iterable[Global___ComparisonRow] | None = ...,
+        sources: _abc.Iterable[Global___ComparisonRow] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows", "run_ids", b"run_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows", "run_ids", b"run_ids", "sources", b"sources"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
