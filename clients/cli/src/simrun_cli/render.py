@@ -180,7 +180,7 @@ def comparison_table(
         rules.add(len(rows) - 1)
     rows += [[row.task_id, row.key, *(summary_value(v) for v in row.values)] for row in comparison.rows]
     lines = table(columns, rows, rule=True, rules_after=rules)
-    models = next((row.values for row in comparison.sources if row.key == "model"), [])
+    models: Sequence[str] = next((row.values for row in comparison.sources if row.key == "model"), [])
     distinct = list(dict.fromkeys(summary_value(v) for v in models if v))
     if len(distinct) > 1:
         names = printable(", ".join(distinct))
