@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound
 from simrun_envbuilder.builder import DEFAULT_ENVIRONMENT, BuilderSettings, EnvironmentBuilder, EnvironmentState
+from simrun_envbuilder.venv import run_logged
 
 PROBE = (
     "import tinymodel, tinydep, pydantic, simrun_runtime; from importlib.metadata import entry_points; "
@@ -244,7 +247,39 @@ def test_list_and_watch(builder, kit) -> None:
     assert updates[-1][0].state is EnvironmentState.READY
     lines = [line for _, batch in updates for line in batch]
     assert any("installing the locked packages" in line for line in lines)
+    # The steps with their times and uv's own counts; no line of uv's that names a path here.
+    assert any(re.fullmatch(r"uv sync: Installed \d+ packages? in \S+", line) for line in lines), lines
+    assert any(re.fullmatch(r"uv sync: done in \d+\.\d s", line) for line in lines), lines
+    assert not any(str(builder.root) in line or "/venv" in line for line in lines), lines
     assert [e.environment_id for e in builder.list_environments()] == [environment.environment_id]
+
+
+def test_a_build_step_shows_a_tools_whole_status_lines_and_never_a_fragment(tmp_path: Path) -> None:
+    """uv's warning about hard links spans three lines; cut into the progress line it read as nonsense."""
+    tool_output = [
+        "Using CPython 3.11.7 interpreter at: /usr/bin/python3",
+        "Resolved 3 packages in 2ms",
+        "warning: Failed to hardlink files; falling back to full copy. This may lead to degraded performance.",
+        "         If the cache and target directories are on different filesystems, hardlinking may not be supported.",
+        "         If this is intentional, set `export UV_LINK_MODE=copy` or use `--link-mode=copy` to suppress this.",
+        "Downloading numpy (16.1MiB)",
+        "Prepared 2 packages in 480ms",
+        "Installed 3 packages in 9ms",
+        " + numpy==2.4.6",
+    ]
+    script = tmp_path / "tool.sh"
+    script.write_text("".join(f"printf '%s\\n' {shlex.quote(line)}\n" for line in tool_output))
+    shown: list[str] = []
+    log = tmp_path / "build.log"
+    run_logged(["bash", str(script)], "uv sync", log, shown.append, {"PATH": "/usr/bin:/bin"})
+    assert shown[:-1] == [
+        "uv sync: Resolved 3 packages in 2ms",
+        "uv sync: Downloading numpy (16.1MiB)",
+        "uv sync: Prepared 2 packages in 480ms",
+        "uv sync: Installed 3 packages in 9ms",
+    ]
+    assert re.fullmatch(r"uv sync: done in \d+\.\d s", shown[-1])
+    assert all(line in log.read_text() for line in tool_output)  # the log keeps every line
 
 
 def test_two_builders_on_one_folder_lock_and_build_once(settings: BuilderSettings, kit) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -29,6 +30,19 @@ READY = "ready"
 LOG_TAIL_LINES = 20
 
 Progress = Callable[[str], None]
+
+# The lines of a build tool's output that are whole statements of its progress, shown as they are: uv's counts and
+# downloads, buildah's steps, BuildKit's step headers; none that names a path of this machine. Every other line (a
+# warning continued on the next line, a backend's chatter) goes to the build's log only: a progress line never
+# shows a fragment of another tool's message.
+_STATUS_LINE = re.compile(
+    r"(?:(?:Resolved|Prepared|Installed|Uninstalled|Audited) \d+ packages? in \S+"
+    r"|Downloading [\w.-]+ \([\d.]+\s?[KMG]i?B\)"
+    r"|Built [\w.-]+(?:==[\w.+!-]+)?"
+    r"|Bytecode compiled \d+ files? in \S+"
+    r"|STEP \d+/\d+: .+"
+    r"|#\d+ \[[^\]]+\] .+)"
+)
 
 
 class BuildError(RuntimeError):
@@ -176,7 +190,9 @@ def run_logged(
     cwd: Path | None = None,
     timeout_s: float = 900.0,
 ) -> None:
-    """Runs one step of a build with its output appended to the build's log, each line also sent to `progress`."""
+    """Runs one step of a build with its output appended to the build's log; the tool's whole status lines
+    (`_STATUS_LINE`) and the step's time are also sent to `progress`, prefixed by the step."""
+    started = time.monotonic()
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
@@ -193,14 +209,15 @@ def run_logged(
             for line in proc.stdout:
                 out.write(line)
                 lines.append(line.rstrip())
-                if line.strip():
-                    progress(line.rstrip())
+                if _STATUS_LINE.fullmatch(line.strip()):
+                    progress(f"{step}: {line.strip()}")
                 if time.monotonic() > deadline:
                     proc.kill()
                     break
             code = proc.wait()
     if code != 0:
         raise BuildError(f"{step} failed (exit {code}): {reason(chr(10).join(lines))}\nlog tail:\n{tail(log)}")
+    progress(f"{step}: done in {time.monotonic() - started:.1f} s")
 
 
 def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
