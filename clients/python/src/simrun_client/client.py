@@ -129,7 +129,6 @@ class Client:
         from simrun_core.telemetry_env import may_record
 
         self.endpoint = endpoint or DEFAULT_ENDPOINT
-        self._token_given = bool(token)
         self.token = client_token(token)
         self.timeout_s = timeout_s
         self._tls_ca = tls_ca or (Path(os.environ["SIMRUN_TLS_CA"]) if os.environ.get("SIMRUN_TLS_CA") else None)
@@ -212,7 +211,7 @@ class Client:
 
     def wait_ready(self, timeout_s: float, poll_s: float = 0.2) -> common_pb2.Identity:
         """Who the token belongs to, once simrun answers: while simrun cannot be reached (it is starting), or no
-        token was given and `simrun server` has not yet written its token file, this tries again for up to
+        token was found and `simrun server` has not yet written its token file, this tries again for up to
         `timeout_s` seconds, then raises the last error (the same one-line error as any call)."""
         import time
 
@@ -222,11 +221,11 @@ class Client:
                 return self.identity()
             except (Unavailable, Unauthenticated) as error:
                 starting = isinstance(error, Unavailable) and str(error).startswith("cannot reach simrun")
-                no_token_yet = isinstance(error, Unauthenticated) and not self._token_given
+                no_token_yet = isinstance(error, Unauthenticated) and self.token is None
                 if not (starting or no_token_yet) or time.monotonic() + poll_s > deadline:
                     raise
             time.sleep(poll_s)
-            token = client_token(None) if not self._token_given else self.token
+            token = client_token(None) if self.token is None else self.token
             if token != self.token:
                 # The server wrote its token file since: connect again with it.
                 self.close()
