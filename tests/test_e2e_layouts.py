@@ -117,7 +117,9 @@ def test_a_flat_repository_with_data_folders_and_no_build_system_runs_from_its_r
     src = tmp_path / "src"
     facts = (
         '"model": (ROOT / "models" / "pk.xml").read_text(), '
-        '"rows": len((ROOT / "data" / "doses.csv").read_text().split())'
+        '"rows": len((ROOT / "data" / "doses.csv").read_text().split()), '
+        # Relative to the working directory, as research code reads its data when run from its checkout.
+        '"relative": len(Path("data/doses.csv").read_text().split())'
     )
     write(
         src,
@@ -135,7 +137,7 @@ def test_a_flat_repository_with_data_folders_and_no_build_system_runs_from_its_r
     repo = git_repo(src, tmp_path / "pkscan-repo")
     output, record, store = submit(repo / "scan.yaml")
     succeeded(output, record)
-    assert summary(store, record) == {"tinydep": "1.0", "model": "<sbml/>", "rows": 3}
+    assert summary(store, record) == {"tinydep": "1.0", "model": "<sbml/>", "rows": 3, "relative": 3}
     lock = store.run(record["run_id"]).environment_lock.read_text()
     assert "source = { virtual = " in lock.split('name = "research"')[1].split("[[package]]")[0], lock
 

@@ -99,15 +99,16 @@ class PodEnv:
         provenance = environ.get("SIMRUN_PROVENANCE", "").strip()
         scratch = environ.get("SIMRUN_SCRATCH", "").strip()
         return cls(
-            run_dir=Path(need("SIMRUN_RUN_DIR")),
+            # Absolute: the task runs in the model's root (`TaskSetup.load`), not where the pod started.
+            run_dir=Path(need("SIMRUN_RUN_DIR")).absolute(),
             task_id=need("SIMRUN_TASK"),
             worker=worker,
             processes=number("SIMRUN_PROCESSES", "1", int),
             merge=environ.get("SIMRUN_MERGE", "").strip() == "1",
             grace_s=number("SIMRUN_GRACE_S", "30", float),
-            provenance=Path(provenance) if provenance else None,
+            provenance=Path(provenance).absolute() if provenance else None,
             cgroup=environ.get("SIMRUN_CGROUP", "").strip() or None,
-            scratch=Path(scratch) if scratch else None,
+            scratch=Path(scratch).absolute() if scratch else None,
             traceparent=environ.get("TRACEPARENT", "").strip() or None,
             unit_timeout_s=unit_timeout_s,
         )
@@ -137,8 +138,8 @@ class TaskSetup:
     @classmethod
     def load(cls, run_dir: Path, task_id: str, writer: str = "") -> TaskSetup:
         """Reads and checks everything, first writing the task's files that follow from the record where they are
-        missing or differ (a pod, `writer`, lays out its task); raises `UsageError` with what to fix, having
-        touched nothing else."""
+        missing or differ (a pod, `writer`, lays out its task), and makes the model's root the working directory;
+        raises `UsageError` with what to fix, having touched nothing else."""
         run = RunLayout(run_dir.resolve())
         if not run.record.is_file():
             raise UsageError(f"{run_dir} has no {run.record.name}: SIMRUN_RUN_DIR must be a run directory runs/<id>")
@@ -163,6 +164,9 @@ class TaskSetup:
         model_root = record.model_root(run.store)
         if model_root is not None and not model_root.is_dir():
             raise UsageError(f"the model snapshot {model_root} of run {run.run_id} does not exist")
+        if model_root is not None:
+            # As `python -m` in its checkout: `open("data/sites.csv")` reads the model's data, on every executor.
+            os.chdir(model_root)
         try:
             task_type = load_task_type(task_record.type, model_root, record.library_roots(run.store))
         except TaskTypeError as exc:
