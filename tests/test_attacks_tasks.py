@@ -445,21 +445,36 @@ def test_a_task_cannot_poison_the_learner_with_forged_worker_reports(
 ) -> None:
     """Observations come from the worker reports a task's pods write: an agent's `Slow` in a snapshot named as the
     owner's model forges reports of 56 GiB per process and kills for memory. Only the server's own facts count (the
-    pods it started, the kills it saw, the memory it gave), so the owner's next run of `Slow` still fits."""
+    pods it started, the kills it saw, the memory it gave and its executor measured), so the owner's next run of
+    `Slow` still fits and the key's memory does not grow from run to run."""
     server = machine.start()
     tasks = (owner_model / "e2etasks" / "tasks.py").read_text()
     forger = git_repo(
         E2E_MODEL, tmp_path / "agent" / owner_model.name, files={"e2etasks/tasks.py": tasks + FORGED_REPORTS}
     )
     agent, owner = machine.client(server, "agent"), machine.client(server, "owner")
-    for n in range(3):
-        run = wait_final(agent, agent.submit(write_workflow(forger, SLOW, f"forge-{n}.yaml")).run_id)
+
+    def task_of(run_id: str) -> dict:  # type: ignore[type-arg]
+        return json.loads((machine.home / "store" / "runs" / run_id / "run.json").read_text())["tasks"]["values"]
+
+    shapes = []
+    for n in range(4):
+        # Each run is of other settings, so none reuses another's outputs (a reused task runs no pod).
+        workflow = write_workflow(forger, SLOW.replace("seed: 3", f"seed: {n}"), f"forge-{n}.yaml")
+        run = wait_final(agent, agent.submit(workflow).run_id)
         assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
         assert run.snapshots[0].name == owner_model.name
+        task = task_of(run.run_id)
+        shapes.append(task["plan"]["shape"])
+        # The server measured what each worker's pods really held: the forged 56 GiB is not in it.
+        assert task["measured_memory_gb"] and max(task["measured_memory_gb"].values()) < 0.5, task
     run = wait_final(owner, owner.submit(write_workflow(owner_model, SLOW)).run_id)
     assert run.state == common_pb2.RUN_STATE_SUCCEEDED, run.message
-    plan = json.loads((machine.home / "store" / "runs" / run.run_id / "run.json").read_text())["tasks"]["values"]
-    assert plan["plan"]["shape"]["memory_gb"] <= 2, plan["plan"]["shape"]
+    shapes.append(task_of(run.run_id)["plan"]["shape"])
+    # Learned from the executor's measurement, a key's memory does not grow run after run (bounded by the pods'
+    # limits only, each run's plan was 1.1x the last's).
+    assert len({shape["memory_gb"] for shape in shapes[1:]}) == 1, shapes
+    assert shapes[-1]["memory_gb"] <= 2, shapes
 
 
 def test_a_tasks_failure_message_cannot_drive_the_owners_terminal(

@@ -14,6 +14,7 @@ from simrun_core.errors import FailedPrecondition, InvalidArgument
 from simrun_core.paging import encode_key_token
 from simrun_core.resources import ResolutionRule, ResolvedResources
 from simrun_learner import Observation, ObservationKey, ResourceLearner, observations_from_reports, rules
+from simrun_learner.reports import MEASURED_MARGIN, MEASURED_SLACK_GB
 from simrun_runtime.layout import StoreLayout
 from simrun_runtime.reports import UnitSeconds, WorkerEnd, WorkerReport
 
@@ -222,6 +223,31 @@ def test_the_servers_facts_bound_what_reports_claim(tmp_path: Path) -> None:
     ]
     unseen = observations_from_reports(task, KEY, True, "run-1", **facts, attempts={"w0": 2}, kills={})
     assert [(o.per_worker_gb, o.oom_killed) for o in unseen] == [(1.0, False), (0.75, False)]
+
+
+def test_reports_claim_no_more_than_the_executor_measured_so_forgeries_do_not_compound(
+    tmp_path: Path, learner: ResourceLearner
+) -> None:
+    """A task whose pods really use 0.2 GiB forges reports that claim all the memory they were given: bounded by
+    the limit only, each run's plan would be 1.1x the last; bounded by the executor's own measurement (with its
+    margin), the key learns the same memory run after run. A worker the executor did not measure (a cluster's)
+    is bounded by its limit."""
+    learned = []
+    limit_gb = 1.0
+    for n in range(5):
+        task = StoreLayout(tmp_path).run(f"run-{n}").task("fit")
+        report("w0", 100, processes=1, peak_memory_gb=limit_gb).write(task)
+        facts = {"memory_gb": limit_gb, "processes": 1, "attempts": {"w0": 1}, "kills": {}}
+        (observation,) = observations_from_reports(task, KEY, True, f"run-{n}", **facts, measured_gb={"w0": 0.2})
+        assert observation.per_worker_gb == pytest.approx(0.2 * MEASURED_MARGIN + MEASURED_SLACK_GB)
+        learner.record(observation)
+        limit_gb = learner.resolve(KEY, HINT).per_worker_gb
+        learned.append(limit_gb)
+    assert learned == [learned[0]] * 5, learned
+    task = StoreLayout(tmp_path).run("run-k").task("fit")
+    report("w0", 100, processes=1, peak_memory_gb=56.0).write(task)
+    (unmeasured,) = observations_from_reports(task, KEY, True, "run-k", memory_gb=2, processes=1, measured_gb={})
+    assert unmeasured.per_worker_gb == 2.0
 
 
 def test_a_key_s_observations_kept_in_memory_follow_every_write_of_any_connection(tmp_path: Path) -> None:

@@ -40,17 +40,24 @@ from simrun_tracker.local.confinement import PodConfinement
 
 NODES = [Node("n1", cores=2, memory_gb=2.0), Node("n2", cores=1, memory_gb=2.0)]
 
-# A local pod that obeys its control file: `say WORD` (a line to its log), `exit N`, `sigkill` (by its own hand:
-# no evidence of the OOM killer), or `oom` (takes memory past any test limit).
+# A local pod that obeys its control file: `say WORD` (a line to its log), `hold MIB` (takes and keeps that much
+# memory), `exit N`, `sigkill` (by its own hand: no evidence of the OOM killer), or `oom` (takes memory past any
+# test limit).
 OBEY = """
 import os, pathlib, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 control = pathlib.Path(sys.argv[1])
+held = []
 while True:
     while not control.exists():
         time.sleep(0.02)
     order = control.read_text().split()
     control.unlink()
+    if order[0] == "hold":
+        held.append(bytearray(int(order[1]) << 20))
+        for i in range(0, len(held[-1]), 4096):
+            held[-1][i] = 1
+        continue
     if order[0] != "say":
         break
     print(order[1], flush=True)
@@ -75,6 +82,9 @@ class Harness(Protocol):
     def kill_for_memory(self, spec: PodSpec) -> None: ...
 
     def say(self, spec: PodSpec, word: str) -> None: ...
+
+    def hold(self, spec: PodSpec, mib: int) -> None:
+        """Makes the pod take and keep `mib` MiB more memory, where the adapter runs real processes."""
 
     def sigkill(self, spec: PodSpec) -> None: ...
 
@@ -117,6 +127,10 @@ class LocalHarness:
         control = self._order(spec, f"say {word}")
         eventually(lambda: not control.exists())  # read: the next order may follow
 
+    def hold(self, spec: PodSpec, mib: int) -> None:
+        control = self._order(spec, f"hold {mib}")
+        eventually(lambda: not control.exists())
+
     def restart(self) -> Executor:
         self.executor.close()
         for control in self.box.glob("*.ctl"):
@@ -144,6 +158,9 @@ class FakeHarness:
     def say(self, spec: PodSpec, word: str) -> None:
         assert isinstance(self.executor, FakeExecutor)
         self.executor.write_log(spec.run_id, spec.task_id, spec.worker, f"{word}\n")
+
+    def hold(self, spec: PodSpec, mib: int) -> None:
+        """The fake's pods are no processes: nothing to take, and nothing measured."""
 
     def restart(self) -> Executor:
         self.executor = FakeExecutor(list(NODES))
@@ -199,6 +216,9 @@ class KubernetesHarness:
         with self.cluster.api.cluster.cond:
             name = self.cluster._running(spec.run_id, spec.task_id, spec.worker)
         self.cluster.argo.write_log(name, f"{word}\n".encode())
+
+    def hold(self, spec: PodSpec, mib: int) -> None:
+        """The scripted cluster's pods are no processes, and the adapter reads no pod's memory from the API."""
 
     def restart(self) -> Executor:
         pytest.skip(
@@ -409,6 +429,22 @@ def test_a_pod_s_lines_reach_its_logs_and_following_them_ends_with_its_task(harn
     assert all(name.startswith("w0.") for name, _ in lines)
     again = "".join(text for _, text in executor.logs("r1", "t", "", follow=False))
     assert "hello\nagain\n" in again
+
+
+def test_a_pod_s_measured_memory_is_what_it_held_or_unknown(harness: Harness) -> None:
+    """An adapter measures a pod's anonymous memory itself (it bounds what the pod's report may claim to the
+    learner) or says it measures nothing (None); a measurement is the most the pod held, kept past its end."""
+    executor = harness.executor
+    pod = spec("r1", "t", memory_gb=0.5)
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING))
+    harness.hold(pod, 96)
+    if observed(executor, pod).peak_memory_gb is not None:
+        eventually(lambda: (observed(executor, pod).peak_memory_gb or 0.0) >= 96 / 1024)
+    harness.exit(pod, 0)
+    eventually(phase(executor, pod, PodPhase.SUCCEEDED))
+    peak = observed(executor, pod).peak_memory_gb
+    assert peak is None or 96 / 1024 <= peak < 0.5, peak
 
 
 def test_a_run_restored_without_its_node_keeps_its_pods_memory_kills_and_attempts(harness: Harness) -> None:

@@ -406,6 +406,39 @@ def test_a_pod_over_its_memory_is_killed_and_retried_once_with_the_retry_memory(
     assert [(k.memory_gb, k.evidence) for k in failed.memory_kills] == [(0.25, evidence), (0.5, evidence)]
 
 
+@pytest.mark.parametrize(
+    "cgroups",
+    [
+        pytest.param(True, marks=pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups on this machine")),
+        False,
+    ],
+    ids=["cgroup", "watchdog"],
+)
+def test_the_executor_measures_the_anonymous_memory_a_pod_held_itself(make_executor, pods: Pods, cgroups: bool) -> None:
+    """A pod's measured peak is the executor's own sample of its anonymous memory (its cgroup's, or its process
+    group's), what bounds the pod's report to the learner: here 160 MiB held for a second, under a 0.5 GiB limit,
+    while the pod's page cache (a 200 MiB file it writes) is not counted."""
+    executor = make_executor([Node("n1", cores=2, memory_gb=2.0)], cgroup_root="auto" if cgroups else None)
+    cached = pods.box / "cache.bin"
+    command = [
+        sys.executable,
+        "-c",
+        f"with open({str(cached)!r}, 'wb') as f:\n    for _ in range(200):\n        f.write(bytes(1 << 20))\n"
+        + ALLOCATE,
+        "160",
+        "1.0",
+    ]
+    held = pods.spec("held", memory_gb=0.5, retry_memory_gb=0.75, command=command)
+    quick = pods.spec("quick", command=[sys.executable, "-c", "pass"])
+    executor.start_pods([held, quick])
+    wait_for(phase_is(executor, held, PodPhase.SUCCEEDED))
+    wait_for(phase_is(executor, quick, PodPhase.SUCCEEDED))
+    peak = status(executor, held).peak_memory_gb
+    assert peak is not None and 160 / 1024 <= peak < 0.3, peak
+    # A pod too brief for a sample was measured as using nothing, never as unmeasured (bounded by its limit only).
+    assert (quick_peak := status(executor, quick).peak_memory_gb) is not None and quick_peak < 0.1
+
+
 @pytest.mark.skipif(not HAS_CGROUPS, reason="no memory cgroups on this machine")
 def test_pods_run_in_their_own_cgroup_which_is_removed_after(make_executor, pods: Pods) -> None:
     executor = make_executor(cgroup_root="auto")

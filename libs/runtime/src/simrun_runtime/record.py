@@ -118,6 +118,10 @@ class TaskRecord(BaseModel):
         default_factory=dict,
         description="worker -> exits by SIGKILL without evidence of the OOM killer (one is retried, a second fails)",
     )
+    measured_memory_gb: dict[str, float] = Field(
+        default_factory=dict,
+        description="worker -> the most anonymous memory the executor measured in its pods, GiB (where it measures)",
+    )
     state: TaskState = TaskState.PENDING
     message: str = ""
     started_at: datetime | None = None

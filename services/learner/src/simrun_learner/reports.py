@@ -10,6 +10,12 @@ from simrun_runtime.reports import WorkerEnd, WorkerReport, load_reports
 
 from simrun_learner.rules import Observation, ObservationKey
 
+MEASURED_MARGIN = 1.25
+MEASURED_SLACK_GB = 1 / 16
+"""A report may claim at most the executor's own measurement of its worker's pods times the margin, plus the
+slack: the two sample the same anonymous memory at different moments, and a peak between the executor's samples
+may be in the report. Past that bound a claim is not what the pod used."""
+
 
 def observations_from_reports(
     task: TaskLayout,
@@ -23,6 +29,7 @@ def observations_from_reports(
     retry_processes: int | None = None,
     attempts: Mapping[str, int] | None = None,
     kills: Mapping[str, int] | None = None,
+    measured_gb: Mapping[str, float] | None = None,
 ) -> list[Observation]:
     """One observation per report of a finished task's pods (merge pods aside), oldest first.
 
@@ -34,8 +41,10 @@ def observations_from_reports(
     The reports are the task's to write (its pods run its code), so where the server's own facts are given they
     decide: only the pods it started count (`attempts`, the latest that many reports of each worker), a pod was
     killed for memory only as often as the server saw (`kills`), and no pod used more than the memory it was given
-    over the processes it was given (`processes`, `retry_processes`). A task then cannot make its key need more
-    than a pod that filled its limit would.
+    over the processes it was given (`processes`, `retry_processes`), nor more than the executor measured in the
+    worker's pods (`measured_gb`, with `MEASURED_MARGIN`). A task then cannot make its key need more than a pod
+    that filled its limit would, and where the executor measures, no more than its pods really used: forged
+    reports cannot raise a key's memory run after run.
 
     Args:
         task: The task's files in the store.
@@ -47,6 +56,8 @@ def observations_from_reports(
         processes: The processes of a pod of the plan; `retry_processes` those of a retry (else `processes`).
         attempts: The server's pods started per worker (the record's `attempts`).
         kills: The server's kills for memory per worker (the record's `oom_kills` of the task).
+        measured_gb: The most anonymous memory the executor measured per worker over its pods, GiB (the record's
+            `measured_memory_gb`); a worker missing from it is bounded by its limit only.
     """
     reports = [r for r in load_reports(task) if r.role != "merge"]
     if attempts is not None:
@@ -63,7 +74,10 @@ def observations_from_reports(
         killed = None
         if kills is not None:
             killed = killed_before.get(report.worker, 0) < kills.get(report.worker, 0)
-        observation = _observation(report, key, succeeded, run_id, limit_gb, given, killed)
+        seen = None
+        if measured_gb is not None and report.worker in measured_gb:
+            seen = measured_gb[report.worker] * MEASURED_MARGIN + MEASURED_SLACK_GB
+        observation = _observation(report, key, succeeded, run_id, limit_gb, given, killed, seen)
         observation = replace(observation, source=f"{run_id or report.run_id}/{task.task_id}/{report.path(task).stem}")
         if observation.oom_killed:
             killed_before[report.worker] = killed_before.get(report.worker, 0) + 1
@@ -79,13 +93,18 @@ def _observation(
     limit_gb: float | None,
     processes: int | None = None,
     killed: bool | None = None,
+    seen_gb: float | None = None,
 ) -> Observation:
     measured = report.per_process_gb if report.processes > 0 and report.peak_memory_gb > 0 else None
-    if measured is not None and processes:
-        # The server's processes, and its limit: a pod's memory cgroup holds it there, a report of more is not
-        # what the pod used.
-        peak = min(report.peak_memory_gb, limit_gb) if limit_gb else report.peak_memory_gb
-        measured = peak / processes
+    if measured is not None and (processes or seen_gb is not None):
+        # The server's processes, its limit (a pod's memory cgroup holds it there) and what its executor saw: a
+        # report of more is not what the pod used.
+        peak = report.peak_memory_gb
+        if processes and limit_gb:
+            peak = min(peak, limit_gb)
+        if seen_gb is not None:
+            peak = min(peak, seen_gb)
+        measured = peak / (processes or report.processes)
     if killed is None:
         killed = bool(report.oom_kills) or report.ended is WorkerEnd.RUNNING
     oom_per_worker_gb = None

@@ -385,13 +385,16 @@ class Driver:
         return record.environment
 
     def _record_pods(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:
-        """Keeps in the record what a restarted tracker must re-apply: attempts, SIGKILLs and memory kills per
-        worker."""
+        """Keeps in the record what a restarted tracker must re-apply (attempts, SIGKILLs and memory kills per
+        worker) and the memory the executor measured in each worker's pods, which bounds what its reports claim."""
         for pod in pods:
             if pod.attempts and task.attempts.get(pod.spec.worker, 0) != pod.attempts:
                 task.attempts[pod.spec.worker] = pod.attempts
             if pod.sigkills and task.sigkills.get(pod.spec.worker, 0) != pod.sigkills:
                 task.sigkills[pod.spec.worker] = pod.sigkills
+            measured = pod.peak_memory_gb
+            if measured is not None and measured > task.measured_memory_gb.get(pod.spec.worker, -1.0):
+                task.measured_memory_gb[pod.spec.worker] = round(measured, 6)
             known = [k for k in record.oom_kills if k.task_id == task.task_id and k.worker == pod.spec.worker]
             for kill in pod.memory_kills[len(known) :]:
                 record.oom_kills.append(

@@ -190,6 +190,10 @@ class PodStatus:
     """Exits by SIGKILL without evidence of the OOM killer: retried once, not kills for memory."""
     preemptions: int = 0
     message: str = ""
+    peak_memory_gb: float | None = None
+    """The most anonymous memory the executor itself measured in the pod over its attempts, GiB (0.0 when it ran
+    too briefly to be measured); None where the adapter measures nothing. It bounds what the pod's own worker
+    report may claim to the learner: the report is written by the task's code."""
 
 
 @dataclass(frozen=True)

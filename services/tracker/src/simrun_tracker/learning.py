@@ -30,7 +30,7 @@ def _task_observations(store: StoreLayout, record: RunRecord, task_id: str, succ
     key = ObservationKey(task.type, record.snapshots[0].name, task.cost_value or "")
     shape = (task.plan or {}).get("shape", {})
     # The reports are written by the task's own pods: the server's facts (the pods it started, the kills for
-    # memory it saw, the memory and processes it gave) bound what they may claim.
+    # memory it saw, the memory and processes it gave, the memory its executor measured) bound what they claim.
     kills = Counter(kill.worker for kill in record.oom_kills if kill.task_id == task_id)
     return observations_from_reports(
         store.run(record.run_id).task(task_id),
@@ -43,6 +43,7 @@ def _task_observations(store: StoreLayout, record: RunRecord, task_id: str, succ
         retry_processes=shape.get("retry_processes"),
         attempts=dict(task.attempts),
         kills=kills,
+        measured_gb=dict(task.measured_memory_gb),
     )
 
 

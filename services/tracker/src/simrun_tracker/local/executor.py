@@ -56,7 +56,8 @@ from simrun_tracker.local.memory import (
 logger = logging.getLogger(__name__)
 
 WATCHDOG_INTERVAL_S = 0.2
-"""Seconds between two samples of the anonymous memory of the pods the watchdog limits."""
+"""Seconds between two samples of the anonymous memory of running pods: the watchdog's limit where a pod has no
+cgroup, and every pod's measured peak (`PodStatus.peak_memory_gb`)."""
 
 STOPPED = "stopped"
 """The message of a pod stopped with its run or task."""
@@ -503,6 +504,7 @@ class LocalExecutor:
         spec, status = pod.spec, pod.status
         self._pending.pop(spec.pod_id, None)
         status.attempts += 1
+        status.peak_memory_gb = status.peak_memory_gb or 0.0
         status.node = node
         status.phase = PodPhase.RUNNING
         status.message = ""
@@ -583,11 +585,21 @@ class LocalExecutor:
         return bool(status.memory_kills) or status.sigkills > 0
 
     def _watchdog(self) -> None:
-        watched = {p.process.pid: p for p in self._running.values() if p.process is not None and p.cgroup is None}
+        """Samples the anonymous memory of every running pod: its cgroup's where it has one, else its process
+        group's (and kills the group past its limit). The most seen is the pod's measured peak."""
+        watched: dict[int, _Pod] = {}
+        for pod in self._running.values():
+            if pod.process is None:
+                continue
+            if pod.cgroup is None:
+                watched[pod.process.pid] = pod
+            elif (anon := pod.cgroup.anon_bytes()) is not None:
+                _measured(pod.status, anon)
         if not watched:
             return
         for pgid, anon in anon_memory_by_group(watched).items():
             pod = watched[pgid]
+            _measured(pod.status, anon)
             if pod.watchdog_bytes is None and anon > pod.status.memory_gb * GIB:
                 pod.watchdog_bytes = anon
                 _signal_group(pgid, signal.SIGKILL)
@@ -798,6 +810,11 @@ def _describe(returncode: int) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
+
+
+def _measured(status: PodStatus, anon_bytes: int) -> None:
+    """Raises the pod's measured peak to a sample of its anonymous memory."""
+    status.peak_memory_gb = max(status.peak_memory_gb or 0.0, anon_bytes / GIB)
 
 
 def _now() -> str:

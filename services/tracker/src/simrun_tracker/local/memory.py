@@ -73,6 +73,17 @@ class PodCgroup:
         except (OSError, ValueError):
             return False
 
+    def anon_bytes(self) -> int | None:
+        """The cgroup's anonymous memory now, bytes (v1 `total_rss`, v2 `anon` of `memory.stat`, what a pod's
+        runtime measures too); None where it cannot be read. Page cache and tmpfs are not in it."""
+        try:
+            text = (self.path / "memory.stat").read_text()
+        except OSError:
+            return None
+        name = "total_rss" if self.version == 1 else "anon"
+        match = re.search(rf"^{name} (\d+)$", text, re.MULTILINE)
+        return int(match.group(1)) if match else None
+
     def peak_bytes(self) -> int | None:
         """The largest memory use of the cgroup, bytes, where the kernel records it."""
         name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
