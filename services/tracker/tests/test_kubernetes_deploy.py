@@ -136,6 +136,28 @@ def test_the_server_config_chooses_the_kubernetes_executor_with_the_deployed_nam
     assert container["readinessProbe"]["grpc"]["port"] == 50551
 
 
+def test_the_service_builds_an_image_per_lock_with_the_deployed_buildkit_and_zot() -> None:
+    """The builder is `kind: image`: BuildKit at the buildkitd Service, pushing to the Zot Service by its cluster
+    name, the name the nodes pull through k3s's mirror (deploy/README.md), from a base named by digest."""
+    config_map = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "simrun-config")
+    environments = ServerConfig.model_validate(yaml.safe_load(config_map["data"]["server.yaml"])).environments
+    assert environments.kind == "image" and environments.images is not None
+    images = environments.images
+    assert images.builder == "buildkit"
+
+    def service_address(name: str) -> str:
+        service = next(d for d in by_kind("Service") if d["metadata"]["name"] == name)
+        namespace, port = service["metadata"]["namespace"], service["spec"]["ports"][0]["port"]
+        return f"{name}.{namespace}.svc.cluster.local:{port}"
+
+    assert images.registry == service_address("zot")
+    assert images.buildkit_addr == f"tcp://{service_address('buildkitd')}"
+    assert all("@sha256:" in base for base in images.base_images.values()) and "3.11" in images.base_images
+    readme = (DEPLOY / "README.md").read_text()
+    mirrors = " ".join(readme.split())
+    assert f'"{images.registry}": endpoint: ["http://localhost:30500"]' in mirrors
+
+
 def _server_container() -> tuple[dict, dict, ServerConfig]:
     deployment = next(d for d in by_kind("Deployment") if d["metadata"]["name"] == "simrun")
     config_map = next(d for d in by_kind("ConfigMap") if d["metadata"]["name"] == "simrun-config")
