@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from simrun_runtime.memory import MemoryProbe
+
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
@@ -74,15 +76,12 @@ class PodCgroup:
             return False
 
     def anon_bytes(self) -> int | None:
-        """The cgroup's anonymous memory now, bytes (v1 `total_rss`, v2 `anon` of `memory.stat`, what a pod's
-        runtime measures too); None where it cannot be read. Page cache and tmpfs are not in it."""
+        """The cgroup's anonymous memory now, bytes, read as the pod's runtime reads it (`MemoryProbe`); None
+        where it cannot be read. Page cache and tmpfs are not in it."""
         try:
-            text = (self.path / "memory.stat").read_text()
-        except OSError:
+            return MemoryProbe("cgroup_v1" if self.version == 1 else "cgroup_v2", self.path).sample()
+        except (OSError, KeyError):
             return None
-        name = "total_rss" if self.version == 1 else "anon"
-        match = re.search(rf"^{name} (\d+)$", text, re.MULTILINE)
-        return int(match.group(1)) if match else None
 
     def peak_bytes(self) -> int | None:
         """The largest memory use of the cgroup, bytes, where the kernel records it."""
