@@ -222,9 +222,10 @@ class Client:
             except (Unavailable, Unauthenticated) as error:
                 starting = isinstance(error, Unavailable) and str(error).startswith("cannot reach simrun")
                 no_token_yet = isinstance(error, Unauthenticated) and self.token is None
-                if not (starting or no_token_yet) or time.monotonic() + poll_s > deadline:
+                remaining = deadline - time.monotonic()
+                if not (starting or no_token_yet) or remaining <= 0:
                     raise
-            time.sleep(poll_s)
+            time.sleep(min(poll_s, remaining))
             token = client_token(None) if self.token is None else self.token
             if token != self.token:
                 # The server wrote its token file since: connect again with it.
