@@ -231,3 +231,30 @@ __all__ = [
     "require_image_tools",
     "serve_registry",
 ]
+
+
+def image_with_files(base: str, files: dict[str, str], repository: str) -> str:
+    """An image of `base` with `files` (path in the image -> text) added, in podman's local storage and named by
+    digest (`localhost/<repository>@sha256:…`, as pods name images); made once per content on a machine."""
+    content = hashlib.sha256(repr((base, sorted(files.items()))).encode()).hexdigest()[:16]
+    name = f"localhost/{repository}:{content}"
+    with LOCK_FILE.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(["podman", "image", "exists", name], check=False).returncode != 0:
+            container = subprocess.run(
+                [*BUILDAH, "from", "--quiet", base], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            try:
+                with tempfile.TemporaryDirectory() as tmp:
+                    for path, text in files.items():
+                        local = Path(tmp) / path.lstrip("/")
+                        local.parent.mkdir(parents=True, exist_ok=True)
+                        local.write_text(text)
+                    subprocess.run([*BUILDAH, "copy", "--quiet", container, f"{tmp}/", "/"], check=True)
+                subprocess.run([*BUILDAH, "commit", "--quiet", container, name], check=True, capture_output=True)
+            finally:
+                subprocess.run([*BUILDAH, "rm", container], check=False, capture_output=True)
+    digest = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Digest}}", name], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return f"localhost/{repository}@{digest}"

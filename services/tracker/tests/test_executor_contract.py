@@ -10,6 +10,7 @@ memory, and restart the executor over the same store.
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ from typing import Protocol
 
 import pytest
 from fake_executor import FakeExecutor
+from images import PODMAN
 from kubernetes_cluster import ScriptedCluster
 from simrun_core.errors import NotFound
 from simrun_planner import Node
@@ -46,7 +48,11 @@ NODES = [Node("n1", cores=2, memory_gb=2.0), Node("n2", cores=1, memory_gb=2.0)]
 OBEY = """
 import os, pathlib, signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-control = pathlib.Path(sys.argv[1])
+if len(sys.argv) > 1:
+    control = pathlib.Path(sys.argv[1])
+else:  # in a container: beside its log, in the task's folder (its only writable mount)
+    env = os.environ
+    control = pathlib.Path(env["SIMRUN_RUN_DIR"], "tasks", env["SIMRUN_TASK"], env["SIMRUN_WORKER"] + ".ctl")
 held = []
 while True:
     while not control.exists():
@@ -134,6 +140,52 @@ class LocalHarness:
     def restart(self) -> Executor:
         self.executor.close()
         for control in self.box.glob("*.ctl"):
+            control.unlink()
+        self.executor = self._make()
+        return self.executor
+
+
+class ContainersHarness(LocalHarness):
+    """Pods as containers of an image whose runtime entry point is the obeying script (the image tests' base)."""
+
+    def __init__(self, box: Path) -> None:
+        from images import ensure_base_image, image_with_files
+
+        self.image = image_with_files(
+            ensure_base_image(),
+            {
+                "/usr/lib/python3/dist-packages/simrun_runtime/__init__.py": "",
+                "/usr/lib/python3/dist-packages/simrun_runtime/execute.py": OBEY,
+            },
+            "simrun-test-obey",
+        )
+        super().__init__(box)
+
+    def _make(self) -> LocalExecutor:
+        from simrun_tracker.containers import ContainerExecutor
+
+        return ContainerExecutor(self.box, lambda spec: self.image, nodes=list(NODES), poll_s=0.02)
+
+    def _order(self, spec: PodSpec, order: str) -> Path:
+        control = self.box / "runs" / spec.run_id / "tasks" / spec.task_id / f"{spec.worker}.ctl"
+        control.parent.mkdir(parents=True, exist_ok=True)
+        aside = control.with_suffix(".ctl-new")
+        aside.write_text(order)
+        aside.rename(control)
+        return control
+
+    def sigkill(self, spec: PodSpec) -> None:
+        """A container's first process ignores a SIGKILL of its own (it is its namespace's init): from outside."""
+        status = observed(self.executor, spec)
+        name = f"simrun-{spec.pod_id.replace('.', '-')}-{status.attempts}"
+        # A pod is running from its admission; its container exists a moment later.
+        eventually(
+            lambda: subprocess.run([*PODMAN, "kill", "--signal", "KILL", name], capture_output=True).returncode == 0
+        )
+
+    def restart(self) -> Executor:
+        self.executor.close()
+        for control in self.box.glob("runs/*/tasks/*/*.ctl"):
             control.unlink()
         self.executor = self._make()
         return self.executor
@@ -227,11 +279,13 @@ class KubernetesHarness:
         )
 
 
-@pytest.fixture(params=["local", "fake", "kubernetes"])
+@pytest.fixture(params=["local", "containers", "fake", "kubernetes"])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     made: Harness
     if request.param == "local":
         made = LocalHarness(tmp_path)
+    elif request.param == "containers":
+        made = ContainersHarness(tmp_path)
     elif request.param == "fake":
         made = FakeHarness()
     else:

@@ -467,7 +467,7 @@ def test_the_server_config_chooses_the_kubernetes_executor(api, store, tmp_path)
     config = ServerConfig.model_validate(
         {"executor": {"kind": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig), "namespace": "simrun"}}}
     )
-    executor = build_executor(config, store, ServerEnvironments())
+    executor = build_executor(config, store, ServerEnvironments(), ServerEnvironments())
     try:
         assert isinstance(executor, KubernetesExecutor)
         assert {n.name for n in executor.nodes()} == {"node-a", "node-b"}

@@ -188,12 +188,41 @@ class LocalExecutorConfig(BaseModel):
         return nodes
 
 
+class ContainersConfig(BaseModel):
+    """The containers executor: every pod as a container of its run's image (podman), on this machine's nodes and
+    with the local executor's scheduler (`executor.local`: nodes, poll, log bound, niceness; its memory cgroups)."""
+
+    model_config = ConfigDict(extra="forbid")
+    podman: list[str] = Field(
+        default_factory=lambda: ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"],
+        min_length=1,
+        description="The podman command and its global options (crun refuses hybrid cgroups: runc).",
+    )
+    default_image: str = Field(
+        default="",
+        description="The image (by digest) of a model without pyproject.toml; models with one get their lock's image "
+        "(environments.kind: image).",
+    )
+    network: bool = Field(
+        default=False, description="Whether pods reach the network (podman's default network); false: none at all."
+    )
+    python: str = Field(default="python3", description="The image's interpreter that runs the runtime's module.")
+    run_as_user: int = Field(default=1000, ge=1, description="The uid (and gid) pods run as; never root.")
+    ulimit_nofile: int = Field(default=4096, ge=64, description="Open files a pod may hold (within the hard limit).")
+    ulimit_nproc: int = Field(default=4096, ge=16, description="Processes a pod's user may run (runc needs a value).")
+
+
 class ExecutorConfig(BaseModel):
     """Which executor adapter runs the pods, and its settings."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["local", "kubernetes"] = Field(default="local", description="local: this machine; kubernetes: k3s.")
+    kind: Literal["local", "containers", "kubernetes"] = Field(
+        default="local",
+        description="local: process groups on this machine; containers: the run's image with podman on this "
+        "machine; kubernetes: k3s.",
+    )
     local: LocalExecutorConfig = Field(default_factory=LocalExecutorConfig)
+    containers: ContainersConfig = Field(default_factory=ContainersConfig)
     kubernetes: dict[str, Any] | None = Field(
         default=None, description="The kubernetes adapter's settings, checked by its own model when chosen."
     )

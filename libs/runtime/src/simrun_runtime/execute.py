@@ -157,7 +157,7 @@ def run_callable(
 
 def run_exec(env: PodEnv) -> int:
     try:
-        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker)
+        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker, env.editables_into)
         if not isinstance(setup.task_type, UnsplitTaskType):
             raise UsageError(f"task type {setup.type_name} is split: run task {env.task_id!r} with simrun-worker")
     except UsageError as exc:

@@ -169,7 +169,7 @@ def main() -> int:
     prog = "simrun-merge"
     try:
         env = PodEnv.from_environ(os.environ, default_worker="merge")
-        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker)
+        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker, env.editables_into)
         if not isinstance(setup.task_type, SplitTaskType):
             raise UsageError(f"task type {setup.type_name} is not split; it has nothing to merge")
         check_complete(setup)

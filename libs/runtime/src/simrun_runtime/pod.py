@@ -10,7 +10,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -22,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from simrun_runtime.editable import EditableError, install_snapshots
 from simrun_runtime.files import write_json_atomic
 from simrun_runtime.layout import RunLayout, TaskLayout
 from simrun_runtime.loading import load_task_type
@@ -54,6 +57,8 @@ class PodEnv:
     (default 30). SIMRUN_PROVENANCE: path of the task's provenance.json. SIMRUN_CGROUP: the pod's memory cgroup
     directory, or `self` for the process's own cgroup; unset, the process tree is measured. SIMRUN_SCRATCH: a
     directory on the local disk for scratch files (default the system's temporary directory).
+    SIMRUN_INSTALL_SNAPSHOTS: `1` in an image, whose pod installs the run's snapshots that are packages editable
+    into its scratch at its start, offline (`simrun_runtime.editable`).
     SIMRUN_UNIT_TIMEOUT_S: the workflow's time limit of one unit of the task, seconds (unset: the type's own,
     else `DEFAULT_UNIT_TIMEOUT_S`). TRACEPARENT: the W3C trace
     context of the task (optional), copied into the pod's report so its span joins the run's trace.
@@ -70,6 +75,14 @@ class PodEnv:
     scratch: Path | None = None
     traceparent: str | None = None
     unit_timeout_s: float | None = None
+    install_snapshots: bool = False
+
+    @property
+    def editables_into(self) -> Path | None:
+        """Where the pod installs the run's snapshots editable at its start (an image), or None (an overlay has)."""
+        if not self.install_snapshots:
+            return None
+        return self.scratch or Path(tempfile.gettempdir())
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str], default_worker: str = "w0") -> PodEnv:
@@ -111,6 +124,7 @@ class PodEnv:
             scratch=Path(scratch).absolute() if scratch else None,
             traceparent=environ.get("TRACEPARENT", "").strip() or None,
             unit_timeout_s=unit_timeout_s,
+            install_snapshots=environ.get("SIMRUN_INSTALL_SNAPSHOTS", "").strip() == "1",
         )
 
 
@@ -136,7 +150,7 @@ class TaskSetup:
         return self.record.snapshots[0].name if self.record.snapshots else None
 
     @classmethod
-    def load(cls, run_dir: Path, task_id: str, writer: str = "") -> TaskSetup:
+    def load(cls, run_dir: Path, task_id: str, writer: str = "", editables_into: Path | None = None) -> TaskSetup:
         """Reads and checks everything, first writing the task's files that follow from the record where they are
         missing or differ (a pod, `writer`, lays out its task), and makes the model's root the working directory;
         raises `UsageError` with what to fix, having touched nothing else."""
@@ -164,6 +178,11 @@ class TaskSetup:
         model_root = record.model_root(run.store)
         if model_root is not None and not model_root.is_dir():
             raise UsageError(f"the model snapshot {model_root} of run {run.run_id} does not exist")
+        if editables_into is not None:
+            try:
+                install_snapshots([ref.resolve(run.store) for ref in record.snapshots], editables_into)
+            except (EditableError, OSError, subprocess.SubprocessError) as exc:
+                raise UsageError(str(exc)) from None
         if model_root is not None:
             # As `python -m` in its checkout: `open("data/sites.csv")` reads the model's data, on every executor.
             os.chdir(model_root)

@@ -454,7 +454,7 @@ def _killed_unit(died: ProcessDied) -> int:
 def run_worker(env: PodEnv) -> int:
     """Runs one worker pod; bad input is refused (exit 2) before anything but its task's files is written."""
     try:
-        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker)
+        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker, env.editables_into)
         if not isinstance(setup.task_type, SplitTaskType):
             raise UsageError(f"task type {setup.type_name} is not split: run task {env.task_id!r} with simrun-exec")
         count = count_units(setup.task_type, setup.settings, setup.type_name)
@@ -476,7 +476,7 @@ def run_worker(env: PodEnv) -> int:
 def compute_unit_alone(env: PodEnv, index: int, out: Path) -> int:
     """Computes unit `index` in this process into `out`, with no ledger (for debugging a model)."""
     try:
-        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker)
+        setup = TaskSetup.load(env.run_dir, env.task_id, env.worker, env.editables_into)
         task_type = setup.task_type
         if not isinstance(task_type, SplitTaskType):
             raise UsageError(f"task type {setup.type_name} is not split; it has no units")

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
 import subprocess
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from simrun_runtime.editable import EDITABLE_FRONTEND, EditableError, install_wheel, json_line, project_view
 
 from simrun_envbuilder.lock import UvSettings, cache_for_builds, needs_build, reason
 from simrun_envbuilder.pythons import Interpreter
@@ -264,46 +264,14 @@ def make_overlay(base_venv: Path, overlay: Path, editables: list[Editable], log:
     if editables:
         wheels = _editable_wheels(python_of(overlay), editables, overlay / ".editables", log, base_venv, confine)
         target = site_packages(overlay)
-        for wheel in wheels:
-            install_wheel(wheel, target)
+        try:
+            for wheel in wheels:
+                install_wheel(wheel, target)
+        except EditableError as exc:
+            raise BuildError(str(exc)) from None
         shutil.rmtree(overlay / ".editables", ignore_errors=True)
     return python_of(overlay)
 
-
-_EDITABLE_FRONTEND = r"""
-import contextlib, importlib, json, os, sys, tomllib
-out, results = sys.argv[1], []
-
-def failed(index, kind, backend, why):
-    print(json.dumps({"failed": index, "kind": kind, "backend": backend, "reason": why}))
-    sys.exit(1)
-
-for index, source in enumerate(sys.argv[2:]):
-    with open(os.path.join(source, "pyproject.toml"), "rb") as f:
-        system = tomllib.load(f).get("build-system", {})
-    backend = system.get("build-backend", "setuptools.build_meta:__legacy__")
-    sys.path[:0] = [os.path.join(source, p) for p in system.get("backend-path", [])]
-    os.chdir(source)
-    module, _, attrs = backend.partition(":")
-    try:
-        hooks = importlib.import_module(module)
-        for attr in filter(None, attrs.split(".")):
-            hooks = getattr(hooks, attr)
-    except (ImportError, AttributeError) as exc:
-        failed(index, "missing-backend", backend, f"{type(exc).__name__}: {exc}")
-    if not hasattr(hooks, "build_editable"):
-        failed(index, "no-editable", backend, "the backend has no build_editable hook")
-    folder = os.path.join(out, str(index))
-    os.makedirs(folder)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            results.append(os.path.join(folder, hooks.build_editable(folder)))
-    except SystemExit as exc:
-        failed(index, "failed", backend, str(exc.code) if exc.code not in (None, 0) else "the backend exited")
-    except BaseException as exc:
-        failed(index, "failed", backend, f"{type(exc).__name__}: {exc}")
-print(json.dumps(results))
-"""
 
 REASON_LINES = 3
 """How many lines of a build backend's reason a failed editable build quotes."""
@@ -320,8 +288,8 @@ def _editable_wheels(
     write `dest` only."""
     dest.mkdir(parents=True)
     roots = [s.root for s in sources]
-    projects = [_project_view(root, dest.parent / "sources" / str(i)) for i, root in enumerate(roots)]
-    command = [str(python), "-c", _EDITABLE_FRONTEND, str(dest), *map(str, projects)]
+    projects = [project_view(root, dest.parent / "sources" / str(i)) for i, root in enumerate(roots)]
+    command = [str(python), "-c", EDITABLE_FRONTEND, str(dest), *map(str, projects)]
     reads = [*roots, *interpreter_prefixes(python, python_of(base_venv)), base_venv]
     # As a PEP 517 frontend does, the build environment's scripts come first on PATH (uv_build runs its binary).
     path = {"PATH": os.pathsep.join([str(base_venv / "bin"), os.environ.get("PATH", os.defpath)])}
@@ -333,29 +301,12 @@ def _editable_wheels(
         result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=False)
         out.write(result.stderr + result.stdout)
     lines = result.stdout.strip().splitlines()
-    answer = _json_line(lines[-1]) if lines else None
+    answer = json_line(lines[-1]) if lines else None
     if isinstance(answer, dict) and isinstance(answer.get("failed"), int) and answer["failed"] < len(sources):
         raise BuildError(_failed_build(sources[answer["failed"]], answer))
     if result.returncode != 0 or not isinstance(answer, list):
         raise BuildError(f"building the snapshots editable failed: {reason(result.stderr + result.stdout)}")
     return [Path(p) for p in answer]
-
-
-def _project_view(root: Path, view: Path) -> Path:
-    """A writable folder of links to each entry of a read-only snapshot, kept with the overlay: a backend that
-    writes beside the project while it builds (pdm-backend's `.pdm-build`) writes here, and the editable install
-    it makes leads through the links into the snapshot."""
-    view.mkdir(parents=True)
-    for entry in root.iterdir():
-        (view / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
-    return view
-
-
-def _json_line(line: str) -> object:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return None
 
 
 def _failed_build(source: Editable, answer: dict[str, object]) -> str:
@@ -383,42 +334,6 @@ def _failed_build(source: Editable, answer: dict[str, object]) -> str:
     else:
         fix = f"fix its build (`uv build` in its folder shows the whole output), {not_a_package}"
     return f"building {source.label} editable with {backend} failed: {why}\nfix: {fix}"
-
-
-def install_wheel(wheel: Path, site: Path) -> None:
-    """Installs a pure wheel (an editable one: a `.pth`, a finder, its dist-info) into `site`, as an installer
-    would: its purelib and platlib files, its dist-info with INSTALLER and a RECORD of what was written.
-
-    An editable wheel is a few small files; unpacking them here costs milliseconds where an installer process
-    costs a start and an interpreter query per overlay.
-
-    Raises:
-        BuildError: a member that would land outside `site`, or scripts, headers or data the overlay cannot hold.
-    """
-    written: list[str] = []
-    with zipfile.ZipFile(wheel) as archive:
-        dist_info = next(n.split("/")[0] for n in archive.namelist() if n.split("/")[0].endswith(".dist-info"))
-        for member in archive.infolist():
-            if member.is_dir():
-                continue
-            name = member.filename
-            top, _, rest = name.partition("/")
-            if top.endswith(".data"):
-                kind, _, rest = rest.partition("/")
-                if kind not in ("purelib", "platlib"):
-                    continue  # scripts, headers and data: pods run `python -m`, an editable wheel has none to speak of
-                name = rest
-            dest = (site / name).resolve()
-            if site.resolve() not in dest.parents:
-                raise BuildError(f"{wheel.name}: member {member.filename!r} lands outside site-packages")
-            if name.endswith("/RECORD") and name.startswith(dist_info):
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(archive.read(member))
-            written.append(dest.relative_to(site.resolve()).as_posix())
-    (site / dist_info / "INSTALLER").write_text("simrun\n")
-    written.append(f"{dist_info}/INSTALLER")
-    (site / dist_info / "RECORD").write_text("".join(f"{path},,\n" for path in [*written, f"{dist_info}/RECORD"]))
 
 
 def _bare_venv(base_venv: Path, overlay: Path) -> None:

@@ -21,7 +21,7 @@ from simrun_tracker.learning import GrpcLearner, InProcessLearner
 from simrun_tracker.local import LocalExecutor
 from simrun_tracker.local.confinement import PodConfinement, check_visible_to_pods
 from simrun_tracker.local.executor import Launcher
-from simrun_tracker.ports import LearnerPort, LocalInterpreters, ServerEnvironments
+from simrun_tracker.ports import EnvironmentPort, LearnerPort, LocalInterpreters, ServerEnvironments
 from simrun_tracker.servicer import RunTrackerServicer
 from simrun_tracker.tracker import RunTracker
 
@@ -39,10 +39,19 @@ def local_launcher(interpreters: LocalInterpreters) -> Launcher:
     return launch
 
 
-def build_executor(config: ServerConfig, store: StoreLayout, interpreters: LocalInterpreters) -> Executor:
+def build_executor(
+    config: ServerConfig, store: StoreLayout, interpreters: LocalInterpreters, environments: EnvironmentPort
+) -> Executor:
     """The executor the config's `executor:` section chooses."""
     if config.executor.kind == "local":
         return LocalExecutor.from_config(config.executor.local, store.root, local_launcher(interpreters))
+    if config.executor.kind == "containers":
+        from simrun_tracker.containers import ContainerExecutor
+
+        def image_of(spec: PodSpec) -> str:
+            return environments.get(spec.environment_id).image
+
+        return ContainerExecutor.from_configs(config.executor.containers, config.executor.local, store.root, image_of)
     if config.executor.kind == "kubernetes":
         from simrun_tracker.kubernetes import kubernetes_executor  # the client loads only when chosen
 
@@ -95,7 +104,7 @@ def build_tracker(
     environments_port = build_environments(config, store, environments, telemetry)
     return RunTracker(
         store,
-        build_executor(config, store, environments_port),
+        build_executor(config, store, environments_port, environments_port),
         port,
         SubprocessDescriber(
             confinement=PodConfinement(config.executor.local.confinement, network=config.executor.local.pod_network)

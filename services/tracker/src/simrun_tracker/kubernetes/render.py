@@ -15,13 +15,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from simrun_core.errors import FailedPrecondition, InvalidArgument
-from simrun_runtime.layout import NAME, TASK_ID
 
+from simrun_tracker.container import SCRATCH, TMP, container_spec
 from simrun_tracker.executor import (
     COORDINATOR,
     SIGKILL_EXIT,
     SIGTERM_EXIT,
-    STORE_PATH_VARIABLES,
     PodSpec,
     RunSpec,
     TaskSpec,
@@ -49,7 +48,6 @@ Obj = dict[str, Any]
 
 ENTRYPOINT = "run"
 STORE_VOLUME = "store"
-SCRATCH = "/scratch"
 WORKER_PARAMETER = "worker"
 EXTRA_WORKER = "{{inputs.parameters.worker}}"
 RETRIED_FOR_MEMORY = f"asInt(retries) > 0 && asInt(lastRetry.exitCode) == {SIGKILL_EXIT}"
@@ -57,7 +55,8 @@ RETRIED_FOR_MEMORY = f"asInt(retries) > 0 && asInt(lastRetry.exitCode) == {SIGKI
 EXECUTOR_ACCOUNT = "simrun-executor"
 """The service account whose token only Argo's wait sidecar gets (deploy/ makes it)."""
 
-_ALLOWED_VARIABLES = re.compile(r"^(SIMRUN_[A-Z0-9_]+|PYTHONDONTWRITEBYTECODE|PYTHONUNBUFFERED|TRACEPARENT)$")
+_EMPTY_DIRS = {TMP: "tmp", SCRATCH: "scratch"}
+"""The emptyDir volume of each of the container's empty writable folders."""
 _BRANCH = re.compile(r"\{\{=" + re.escape(RETRIED_FOR_MEMORY) + r" \? '([^']*)' : '([^']*)'\}\}")
 
 
@@ -157,56 +156,29 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
             f"pod {pod.pod_id} has no image and the kubernetes executor has none: "
             "set executor.kubernetes.default_image (by digest)"
         )
-    if "@sha256:" not in image:
-        raise FailedPrecondition(f"pod {pod.pod_id}: image {image!r} is not named by digest (repo@sha256:…)")
     worker = EXTRA_WORKER if extra else pod.worker
-    store = settings.store_mount
-    if not TASK_ID.fullmatch(pod.task_id):  # it names the pod's writable mount
-        raise InvalidArgument(f"pod {pod.pod_id}: task id {pod.task_id!r} is not a task id ({TASK_ID.pattern})")
-    variables: dict[str, str] = {}
-    for key, value in pod.contract.items():
-        if not _ALLOWED_VARIABLES.match(key):
-            raise InvalidArgument(f"pod {pod.pod_id}: {key} is not a variable of the runtime contract")
-        variables[key] = f"{store}/{value}" if key in STORE_PATH_VARIABLES else value
-    run_dir = variables.get("SIMRUN_RUN_DIR", f"{store}/runs/{run.run_id}")
-    if run_dir != f"{store}/runs/{run.run_id}":
-        raise InvalidArgument(f"pod {pod.pod_id}: SIMRUN_RUN_DIR must be runs/{run.run_id}, not {run_dir}")
-    variables.update(
-        SIMRUN_RUN_DIR=run_dir,
-        SIMRUN_WORKER=worker,
-        SIMRUN_PROCESSES=str(pod.processes),
-        SIMRUN_GRACE_S=f"{pod.grace_s:g}",
-        SIMRUN_SCRATCH=SCRATCH,
-        # The container's own cgroup (cgroup namespaces): the runtime samples its memory and counts its OOM kills.
-        SIMRUN_CGROUP="self",
-        # As a pod on this machine (DESIGN's containment): its scratch is its home (the root file system is
-        # read-only), output reaches the log at once (live logs), no user site-packages.
-        HOME=SCRATCH,
-        TMPDIR=SCRATCH,
-        PYTHONUNBUFFERED="1",
-        PYTHONNOUSERSITE="1",
+    spec = container_spec(
+        pod,
+        image=image,
+        store_mount=settings.store_mount,
+        python=settings.python,
+        snapshots=run.snapshots,
+        worker=worker,
+        user=settings.run_as_user,
     )
-    memory = quantity_gib(pod.memory_gb)
     scratch_gb = getattr(pod, "scratch_gb", None) or settings.scratch_gb
     gpus = int(getattr(pod, "gpus", 0) or 0)
     main = builders.container(
-        image,
-        [settings.python, "-m", pod.role.module],
-        builders.env_vars(variables),
-        builders.resources(quantity_cores(pod.cores), memory, quantity_gib(scratch_gb), gpus),
+        spec.image,
+        spec.command,
+        builders.env_vars(spec.env),
+        builders.resources(quantity_cores(spec.cores), quantity_gib(spec.memory_gb), quantity_gib(scratch_gb), gpus),
         [
-            # The run read-only (its record, its inputs), the task's own folder the only writable part of the store
-            # (mounted after, over it), and the run's snapshots only, read-only: as a pod on this machine is confined.
-            builders.volume_mount(STORE_VOLUME, run_dir, read_only=True, sub_path=f"runs/{run.run_id}"),
-            builders.volume_mount(
-                STORE_VOLUME, f"{run_dir}/tasks/{pod.task_id}", sub_path=f"runs/{run.run_id}/tasks/{pod.task_id}"
-            ),
             *(
-                builders.volume_mount(STORE_VOLUME, f"{store}/{snapshot}", read_only=True, sub_path=snapshot)
-                for snapshot in _snapshot_folders(run)
+                builders.volume_mount(STORE_VOLUME, m.target, read_only=m.read_only, sub_path=m.subpath)
+                for m in spec.mounts
             ),
-            builders.volume_mount("tmp", "/tmp"),
-            builders.volume_mount("scratch", SCRATCH),
+            *(builders.volume_mount(_EMPTY_DIRS[folder], folder) for folder in spec.tmpfs),
         ],
     )
     labels = {
@@ -229,25 +201,16 @@ def _template(run: RunSpec, name: str, pod: PodSpec, settings: KubernetesSetting
         priority_class=pod.priority_class,
         retry=builders.retry_strategy(settings.preemption_budget, [SIGKILL_EXIT, SIGTERM_EXIT]),
         pod_spec_patch=retry_patch(pod),
-        volumes=[builders.empty_dir("tmp", "1Gi"), builders.empty_dir("scratch", quantity_gib(scratch_gb))],
+        volumes=[
+            builders.empty_dir(_EMPTY_DIRS[TMP], "1Gi"),
+            builders.empty_dir(_EMPTY_DIRS[SCRATCH], quantity_gib(scratch_gb)),
+        ],
         node_selector=selector,
         tolerations=tolerations,
         security=builders.pod_security(settings.run_as_user),
         executor_service_account=EXECUTOR_ACCOUNT,
         inputs=[builders.input_parameter(WORKER_PARAMETER)] if extra else [],
     )
-
-
-def _snapshot_folders(run: RunSpec) -> list[str]:
-    """The run's snapshot folders, each `snapshots/<name>/<id>` with names a store path may have, once each."""
-    folders = []
-    for folder in run.snapshots:
-        parts = folder.split("/")
-        if len(parts) != 3 or parts[0] != "snapshots" or not all(NAME.fullmatch(p) for p in parts[1:]):
-            raise InvalidArgument(f"run {run.run_id}: {folder!r} is not a snapshot folder snapshots/<name>/<id>")
-        if folder not in folders:
-            folders.append(folder)
-    return folders
 
 
 def retry_patch(pod: PodSpec) -> str:

@@ -118,6 +118,8 @@ class _Pod:
     """The log's size when the attempt began: its bound counts what this attempt printed."""
     log_over: int | None = None
     """What the attempt had printed when it was killed for printing more than its bound."""
+    attempt: str = ""
+    """The name of its current attempt (`<pod id>.<attempt>`, with only file-name characters)."""
 
 
 class LocalExecutor:
@@ -391,7 +393,7 @@ class LocalExecutor:
         with self._lock:
             for pod in self._pods.values():
                 if pod.process is not None:
-                    _signal_group(pod.process.pid, signal.SIGKILL)
+                    self._signal(pod, signal.SIGKILL)
                     self._exited(pod, pod.process.wait())
             if self._cgroups is not None:
                 self._cgroups.close()
@@ -424,7 +426,7 @@ class LocalExecutor:
             if code is not None:
                 self._exited(pod, code)
             elif pod.kill_at is not None and now >= pod.kill_at:
-                _signal_group(pod.process.pid, signal.SIGKILL)
+                self._signal(pod, signal.SIGKILL)
                 pod.kill_at = None
         if now >= self._next_watchdog:
             self._next_watchdog = now + WATCHDOG_INTERVAL_S
@@ -515,39 +517,21 @@ class LocalExecutor:
         limit = int(status.memory_gb * GIB)
         processes = spec.processes_after(self._retried(status))
         run = self._store.run(spec.run_id)
-        name = f"{re.sub(r'[^A-Za-z0-9._-]', '_', spec.pod_id)}.{status.attempts}"
+        name = pod.attempt = f"{re.sub(r'[^A-Za-z0-9._-]', '_', spec.pod_id)}.{status.attempts}"
         try:
-            pod.scratch = self._scratch_root / name
-            pod.scratch.mkdir(mode=0o700)
-            env = self._variables(spec, processes, pod.scratch)
-            command = list(self._launcher(spec))
-            if self._cgroups is not None:
-                pod.cgroup = self._cgroups.create(name, limit)
-                env["SIMRUN_CGROUP"] = str(pod.cgroup.path)
-            paths = PodPaths.of(
-                self._store,
-                spec.run_id,
-                spec.task_id,
-                _snapshots(run.record),
-                pod.scratch,
-                pod.cgroup.path if pod.cgroup is not None else None,
-            )
-            command = [*self._nice, *self._confinement.command(command[0], command, paths)]
-            if pod.cgroup is not None:
-                command = ["/bin/sh", "-c", _ENTER_CGROUP, str(pod.cgroup.procs_file), *command]
+            command, env = self._attempt(pod, name, processes, limit)
             with os.fdopen(open_log(run.task(spec.task_id), spec.worker), "ab") as log:
-                limit_by = f"cgroup v{self._cgroups.version}" if self._cgroups else "watchdog"
                 log.write(
                     f"=== simrun: attempt {status.attempts} of pod {spec.pod_id} on node {node}, "
                     f"memory limit {gib(status.memory_gb)} GiB "
-                    f"({gib(spec.per_process_gb(status.memory_gb, processes))} GiB per process, {limit_by}), "
-                    f"cores {spec.cores}, nice +{self._niceness}, {self._confinement.describe()}, "
+                    f"({gib(spec.per_process_gb(status.memory_gb, processes))} GiB per process, {self._limit_by()}), "
+                    f"cores {spec.cores}, nice +{self._niceness}, {self._contained(pod)}, "
                     f"{_now()} ===\n".encode()
                 )
                 log.flush()
                 pod.log_fd, pod.log_start = os.dup(log.fileno()), log.tell()
                 pod.process = subprocess.Popen(
-                    command,
+                    [*self._nice, *command],
                     cwd=run.root,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -564,6 +548,53 @@ class LocalExecutor:
             self._close_log(pod)
             self._remove_scratch(pod)
             self._final(pod, PodPhase.FAILED, f"cannot start: {exc}")
+
+    def _attempt(self, pod: _Pod, name: str, processes: int, limit: int) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of one attempt of a pod, with what it needs made (its scratch, its
+        cgroup): a confined process of its environment's interpreter that enters its cgroup before the command.
+
+        Raises:
+            OSError, ValueError, FailedPrecondition: the attempt cannot be made (it then fails, `_launch`).
+        """
+        spec = pod.spec
+        pod.scratch = self._scratch_root / name
+        pod.scratch.mkdir(mode=0o700)
+        env = self._variables(spec, processes, pod.scratch)
+        command = list(self._launcher(spec))
+        if self._cgroups is not None:
+            pod.cgroup = self._cgroups.create(name, limit)
+            env["SIMRUN_CGROUP"] = str(pod.cgroup.path)
+        paths = PodPaths.of(
+            self._store,
+            spec.run_id,
+            spec.task_id,
+            _snapshots(self._store.run(spec.run_id).record),
+            pod.scratch,
+            pod.cgroup.path if pod.cgroup is not None else None,
+        )
+        command = self._confinement.command(command[0], command, paths)
+        if pod.cgroup is not None:
+            command = ["/bin/sh", "-c", _ENTER_CGROUP, str(pod.cgroup.procs_file), *command]
+        return command, env
+
+    def _limit_by(self) -> str:
+        """How memory limits are held, for the attempt's first log line."""
+        return f"cgroup v{self._cgroups.version}" if self._cgroups else "watchdog"
+
+    def _contained(self, pod: _Pod) -> str:
+        """How the pod is contained, for the attempt's first log line."""
+        return self._confinement.describe()
+
+    def _signal(self, pod: _Pod, sig: signal.Signals) -> None:
+        """Sends `sig` to the pod's attempt: here, its process group."""
+        if pod.process is not None:
+            _signal_group(pod.process.pid, sig)
+
+    def _ended(self, pod: _Pod) -> None:
+        """What an attempt leaves dies with it: its process group, then its cgroup."""
+        self._signal(pod, signal.SIGKILL)
+        if pod.cgroup is not None:
+            pod.cgroup.remove()
 
     def _variables(self, spec: PodSpec, processes: int, scratch: Path) -> dict[str, str]:
         """A pod's environment variables: the runtime contract with the store's paths here, a private HOME and
@@ -612,7 +643,7 @@ class LocalExecutor:
             printed = os.fstat(pod.log_fd).st_size - pod.log_start
             if printed > self._log_bytes:
                 pod.log_over = printed
-                _signal_group(pod.process.pid, signal.SIGKILL)
+                self._signal(pod, signal.SIGKILL)
 
     def _close_log(self, pod: _Pod) -> int | None:
         """Closes the executor's descriptor of the attempt's log; cuts the log back to its bound first if the pod
@@ -650,10 +681,7 @@ class LocalExecutor:
             seen = f", {gib(pod.watchdog_bytes / GIB)} GiB of anonymous memory sampled"
         elif evidence == "cgroup" and pod.cgroup is not None and (peak := pod.cgroup.peak_bytes()):
             seen = f", peak {gib(peak / GIB)} GiB"
-        # Whatever the pod left behind dies with it: its process group, then its cgroup.
-        _signal_group(pod.process.pid, signal.SIGKILL)
-        if pod.cgroup is not None:
-            pod.cgroup.remove()
+        self._ended(pod)
         printed = self._close_log(pod)
         self._remove_scratch(pod)
         pod.process = None
@@ -756,7 +784,7 @@ class LocalExecutor:
         pod.stopping = why
         if first:
             pod.kill_at = time.monotonic() + pod.spec.grace_s
-            _signal_group(pod.process.pid, signal.SIGTERM)
+            self._signal(pod, signal.SIGTERM)
 
     def _log(self, pod: _Pod, line: str) -> None:
         task = self._store.run(pod.spec.run_id).task(pod.spec.task_id)

@@ -17,6 +17,8 @@ from simrun_runtime.memory import MemoryProbe
 logger = logging.getLogger(__name__)
 
 GIB = 1024**3
+LIMIT_REACHED_SLACK = 1 << 20
+"""Bytes below its limit at which a v1 cgroup counts as having reached it: a charge that fails is not counted."""
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 
 
@@ -37,6 +39,8 @@ class PodCgroup:
 
     path: Path
     version: int
+    nested: bool = False
+    """Its processes are in cgroups below it (a container's, made by the container runtime under it)."""
 
     @property
     def procs_file(self) -> Path:
@@ -66,14 +70,24 @@ class PodCgroup:
                 the cgroup having hit its limit (`memory.failcnt`) are the evidence.
         """
         kills = self.oom_kills()
-        if kills is not None:
-            return kills > 0
-        if not sigkilled or self.version != 1:
+        if kills:
+            return True
+        if not sigkilled or self.version != 1 or (kills is not None and not self.nested):
             return False
+        # Where v1 counts the kill in the child cgroup the container runtime removed with the container, the pod's
+        # own cgroup saw its limit reached: it alone holds the limit of everything below it.
+        return (
+            self._counted("memory.failcnt") > 0
+            or self._counted("memory.max_usage_in_bytes")
+            >= (self._counted("memory.limit_in_bytes") - LIMIT_REACHED_SLACK)
+            > 0
+        )
+
+    def _counted(self, name: str) -> int:
         try:
-            return int((self.path / "memory.failcnt").read_text()) > 0
+            return int((self.path / name).read_text())
         except (OSError, ValueError):
-            return False
+            return 0
 
     def anon_bytes(self) -> int | None:
         """The cgroup's anonymous memory now, bytes, read as the pod's runtime reads it (`MemoryProbe`); None
@@ -92,8 +106,12 @@ class PodCgroup:
             return None
 
     def remove(self, timeout_s: float = 5.0) -> None:
-        """Kills what is left in the cgroup and removes it."""
+        """Kills what is left in the cgroup and in cgroups below it, and removes them."""
         deadline = time.monotonic() + timeout_s
+        with contextlib.suppress(OSError):
+            for child in self.path.iterdir():
+                if child.is_dir():
+                    PodCgroup(child, self.version).remove(max(deadline - time.monotonic(), 0.1))
         while True:
             for pid in self.pids():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -140,11 +158,12 @@ class CgroupPool:
             with contextlib.suppress(OSError):
                 other.rmdir()
 
-    def create(self, name: str, limit_bytes: int) -> PodCgroup:
-        """A new cgroup for one attempt of a pod, with `limit_bytes` as its hard memory limit and no swap."""
+    def create(self, name: str, limit_bytes: int, nested: bool = False) -> PodCgroup:
+        """A new cgroup for one attempt of a pod, with `limit_bytes` as its hard memory limit and no swap;
+        `nested`: a container runtime puts the pod's processes in cgroups below it."""
         path = self.parent / name
         path.mkdir()
-        cgroup = PodCgroup(path, self.version)
+        cgroup = PodCgroup(path, self.version, nested)
         try:
             if self.version == 1:
                 (path / "memory.limit_in_bytes").write_text(str(limit_bytes))
