@@ -162,9 +162,11 @@ class ContainersHarness(LocalHarness):
         super().__init__(box)
 
     def _make(self) -> LocalExecutor:
+        from simrun_core.config import ContainersConfig
         from simrun_tracker.containers import ContainerExecutor
 
-        return ContainerExecutor(self.box, lambda spec: self.image, nodes=list(NODES), poll_s=0.02)
+        settings = ContainersConfig(python="python3")  # Debian's base has no `python`
+        return ContainerExecutor(self.box, lambda spec: self.image, settings, nodes=list(NODES), poll_s=0.02)
 
     def _order(self, spec: PodSpec, order: str) -> Path:
         control = self.box / "runs" / spec.run_id / "tasks" / spec.task_id / f"{spec.worker}.ctl"

@@ -206,7 +206,12 @@ class ContainersConfig(BaseModel):
     network: bool = Field(
         default=False, description="Whether pods reach the network (podman's default network); false: none at all."
     )
-    python: str = Field(default="python3", description="The image's interpreter that runs the runtime's module.")
+    python: str = Field(
+        default="python", description="The interpreter of the image that runs the runtime (on its PATH)."
+    )
+    tls_verify: bool = Field(
+        default=True, description="Whether a pull of a missing image checks the registry's TLS; false: plain HTTP."
+    )
     run_as_user: int = Field(default=1000, ge=1, description="The uid (and gid) pods run as; never root.")
     ulimit_nofile: int = Field(default=4096, ge=64, description="Open files a pod may hold (within the hard limit).")
     ulimit_nproc: int = Field(default=4096, ge=16, description="Processes a pod's user may run (runc needs a value).")

@@ -540,16 +540,18 @@ class EnvironmentBuilder:
                     build.add(record["note"])
                 if self.settings.images is not None:
                     meta.update(self._build_image(environment_id, record, folder, build))
-                    meta["interpreter_path"] = ""
                     _write_json(folder / "environment.json", meta)
-                    mark_ready(folder)
-                    build.add(f"ready in {time.monotonic() - started:.1f} s: {meta['image']}")
-                    return
+                # The venv of the lock on this machine: the pods' environment without images, and with them the
+                # describer's (the server describes a model's types in the model's own dependencies).
                 wheel = next(project.glob("simrun_runtime-*.whl"))
                 interpreter = pythons.Interpreter(_version_of(record), record["interpreter"])
                 VenvBuild(self.settings.uv, interpreter, project, folder / "venv", wheel, folder / "build.log").run(
                     build.add
                 )
+                if self.settings.images is not None:
+                    mark_ready(folder)
+                    build.add(f"ready in {time.monotonic() - started:.1f} s: {meta['image']}")
+                    return
                 (folder / "last_use").touch()
                 mark_ready(folder)
                 build.add(f"ready in {time.monotonic() - started:.1f} s")

@@ -36,7 +36,7 @@ from simrun_tracker.local.memory import CGROUP_MOUNT, _alive
 
 logger = logging.getLogger(__name__)
 
-STORE_MOUNT = "/simrun/store"
+STORE_MOUNT = "/store"
 """Where a container sees the store (the kubernetes adapter's default mount, so paths in logs read the same)."""
 EXECUTOR_LABEL = "io.simrun.executor"
 RUN_LABEL = "io.simrun.run"
@@ -146,6 +146,7 @@ class ContainerExecutor(LocalExecutor):
                 f"pod {spec.pod_id} has no image: its environment was built as a venv (set environments.kind: image) "
                 "and executor.containers.default_image is not set"
             )
+        pod.image = image
         snapshots = [f"snapshots/{n}/{i}" for n, i in _snapshots(self._store.run(spec.run_id).record)]
         container = container_spec(
             spec,
@@ -174,6 +175,7 @@ class ContainerExecutor(LocalExecutor):
             name,
             "--pull",
             "missing",
+            f"--tls-verify={str(self._settings.tls_verify).lower()}",
             "--cgroup-parent",
             cgroup_parent,
             "--read-only",
@@ -223,8 +225,7 @@ class ContainerExecutor(LocalExecutor):
         return f"the pod's cgroup v{self._cgroups.version}"
 
     def _contained(self, pod: _Pod) -> str:
-        image = pod.spec.image or "the run's image"
-        return f"container of {image} ({self._podman_describe})"
+        return f"container of {pod.image} ({self._podman_describe})"
 
     def _signal(self, pod: _Pod, sig: signal.Signals) -> None:
         """Sends `sig` to the container's first process: `podman kill` (signalling the attached client would

@@ -120,6 +120,8 @@ class _Pod:
     """What the attempt had printed when it was killed for printing more than its bound."""
     attempt: str = ""
     """The name of its current attempt (`<pod id>.<attempt>`, with only file-name characters)."""
+    image: str = ""
+    """The image its attempt runs, where attempts run images (the containers executor)."""
 
 
 class LocalExecutor:
