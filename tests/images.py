@@ -234,9 +234,10 @@ __all__ = [
 
 
 def image_with_files(base: str, files: dict[str, str], repository: str) -> str:
-    """An image of `base` with `files` (path in the image -> text) added, in podman's local storage and named by
-    digest (`localhost/<repository>@sha256:…`, as pods name images); made once per content on a machine."""
-    content = hashlib.sha256(repr((base, sorted(files.items()))).encode()).hexdigest()[:16]
+    """An image of `base` with `files` (path in the image -> text; a script, `#!…`, executable) added, in podman's
+    local storage and named by digest (`localhost/<repository>@sha256:…`, as pods name images); made once per
+    content on a machine."""
+    content = hashlib.sha256(repr((base, sorted(files.items()), "modes")).encode()).hexdigest()[:16]
     name = f"localhost/{repository}:{content}"
     with LOCK_FILE.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -250,6 +251,7 @@ def image_with_files(base: str, files: dict[str, str], repository: str) -> str:
                         local = Path(tmp) / path.lstrip("/")
                         local.parent.mkdir(parents=True, exist_ok=True)
                         local.write_text(text)
+                        local.chmod(0o755 if text.startswith("#!") else 0o644)
                     subprocess.run([*BUILDAH, "copy", "--quiet", container, f"{tmp}/", "/"], check=True)
                 subprocess.run([*BUILDAH, "commit", "--quiet", container, name], check=True, capture_output=True)
             finally:
