@@ -187,7 +187,8 @@ def test_an_image_is_built_once_then_found_in_the_registry(
     try:
         environment = kit.wait_ready(builder, builder.resolve([ref]).environment_id)
         assert environment.state is EnvironmentState.READY, environment.message
-        assert environment.image.startswith(f"{registry}/simrun/environments@sha256:") and not environment.interpreter
+        assert environment.image.startswith(f"{registry}/simrun/environments@sha256:")
+        assert environment.interpreter.endswith("/venv/bin/python"), "the describer's venv of the same lock"
         call = json.loads(calls.read_text().splitlines()[0])
         assert call[:3] == ["build", "--frontend", "dockerfile.v0"]
         assert f"type=image,name={registry}/simrun/environments:{environment.environment_id},push=true" in call[-5]

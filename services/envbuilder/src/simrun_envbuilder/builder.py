@@ -8,7 +8,7 @@ Its folder (on local disk, never NFS) holds:
 | `inputs/<digest>.json` | the environment and lock of one inputs digest: an unchanged pyproject never locks again |
 | `locks/<lock sha256>/` | a lock project: generated pyproject.toml, uv.lock, the runtime wheel, the snapshots' tree |
 | `models/<name>.lock` | the last lock of a model, the seed of its next one |
-| `envs/<id>/` | an environment: `venv/`, `project/`, `environment.json`, `build.log`, `ready` (written last) |
+| `envs/<id>/` | an environment: `venv/`, `project/`, `environment.json`, `build.log`, `venv.log` (images), `ready` |
 | `failed/<id>.json` | why the last build of an environment failed |
 | `readers/<id>.json` | the model snapshots an environment was resolved for: who may list it (`readers`) |
 | `envs/<id>/overlays/<key>/` | the overlay of one set of snapshots on it, with `runs/<run id>` of the runs using it |
@@ -29,6 +29,7 @@ import time
 import tomllib
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -538,16 +539,21 @@ class EnvironmentBuilder:
                 build.add(f"building environment {environment_id} ({len(record['packages'])} packages)")
                 if record.get("note"):
                     build.add(record["note"])
-                if self.settings.images is not None:
-                    meta.update(self._build_image(environment_id, record, folder, build))
-                    _write_json(folder / "environment.json", meta)
                 # The venv of the lock on this machine: the pods' environment without images, and with them the
-                # describer's (the server describes a model's types in the model's own dependencies).
+                # describer's (the server describes a model's types in the model's own dependencies), built while
+                # the image builds.
                 wheel = next(project.glob("simrun_runtime-*.whl"))
                 interpreter = pythons.Interpreter(_version_of(record), record["interpreter"])
-                VenvBuild(self.settings.uv, interpreter, project, folder / "venv", wheel, folder / "build.log").run(
-                    build.add
-                )
+                log = folder / ("venv.log" if self.settings.images is not None else "build.log")  # the image's own
+                venv = VenvBuild(self.settings.uv, interpreter, project, folder / "venv", wheel, log)
+                if self.settings.images is not None:
+                    with ThreadPoolExecutor(1, thread_name_prefix=f"venv-{environment_id}") as beside:
+                        made = beside.submit(venv.run, build.add)
+                        meta.update(self._build_image(environment_id, record, folder, build))
+                        made.result()
+                    _write_json(folder / "environment.json", meta)
+                else:
+                    venv.run(build.add)
                 if self.settings.images is not None:
                     mark_ready(folder)
                     build.add(f"ready in {time.monotonic() - started:.1f} s: {meta['image']}")

@@ -365,6 +365,7 @@ class Buildah:
             "--runtime",
             s.runtime,
             "--layers",
+            "--force-rm",  # a failed step leaves no working container behind
             # An insecure registry holds the base too (one machine): pull it over plain HTTP as well.
             *(["--tls-verify=false"] if s.insecure else []),
             *[arg for limit in self.ulimits() for arg in ("--ulimit", limit)],
