@@ -544,8 +544,8 @@ class EnvironmentBuilder:
                 # the image builds.
                 wheel = next(project.glob("simrun_runtime-*.whl"))
                 interpreter = pythons.Interpreter(_version_of(record), record["interpreter"])
-                log = folder / ("venv.log" if self.settings.images is not None else "build.log")  # the image's own
-                venv = VenvBuild(self.settings.uv, interpreter, project, folder / "venv", wheel, log)
+                venv_log = folder / ("venv.log" if self.settings.images is not None else "build.log")
+                venv = VenvBuild(self.settings.uv, interpreter, project, folder / "venv", wheel, venv_log)
                 if self.settings.images is not None:
                     with ThreadPoolExecutor(1, thread_name_prefix=f"venv-{environment_id}") as beside:
                         made = beside.submit(venv.run, build.add)
