@@ -230,12 +230,8 @@ def test_a_split_task_on_three_containers_and_one_downstream_give_the_local_exec
     mine = outputs(store, run.run_id)
     assert {"scan/out/values/values.json", "total/out/total/total.json", "total/out/summary.json"} <= mine.keys()
     assert mine == outputs(StoreLayout(local.config.store), again.run_id)
-    assert (
-        subprocess.run(
-            [*PODMAN, "ps", "--all", "--quiet", "--filter", "label=io.simrun.run"], capture_output=True, text=True
-        ).stdout.strip()
-        == ""
-    ), "no container is left behind"
+    left = [*PODMAN, "ps", "--all", "--quiet", "--filter", f"label=io.simrun.run={run.run_id}"]
+    assert subprocess.run(left, capture_output=True, text=True).stdout.strip() == "", "no container is left behind"
 
 
 def test_a_container_killed_mid_unit_has_its_units_computed_again_and_the_run_succeeds(

@@ -94,19 +94,7 @@ def _run_as_deployed(tmp_path: Path, image: str) -> None:
         os.chown(tmp_path / folder, 1000, 1000)
     with FakeApiServer() as api:
         api.cluster.put("nodes", node("node-a", 8, 32))
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "k3s", "cluster": {"server": api.url}}],
-                    "users": [{"name": "tracker", "user": {"token": "service-account-token"}}],
-                    "contexts": [{"name": "k3s", "context": {"cluster": "k3s", "user": "tracker"}}],
-                    "current-context": "k3s",
-                }
-            )
-        )
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
         kubeconfig.chmod(0o444)
         name = f"simrun-test-server-{port}"
         started = subprocess.run(

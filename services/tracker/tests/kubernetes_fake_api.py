@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -372,6 +373,19 @@ class FakeApiServer:
         configuration = client.Configuration()
         configuration.host = self.url
         return client.ApiClient(configuration)
+
+    def kubeconfig(self, path: Path) -> Path:
+        """Writes a kubeconfig whose one context is this API with a bearer token, as a service account has."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "k3s", "cluster": {"server": self.url}}],
+            "users": [{"name": "tracker", "user": {"token": "service-account-token"}}],
+            "contexts": [{"name": "k3s", "context": {"cluster": "k3s", "user": "tracker"}}],
+            "current-context": "k3s",
+        }
+        path.write_text(json.dumps(config))  # JSON is YAML
+        return path
 
     def close(self) -> None:
         self._server.shutdown()

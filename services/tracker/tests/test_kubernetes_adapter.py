@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes_fake_api import ArgoScript, FakeApiServer, node
 from kubernetes_runs import IMAGE, planned_record, scan_run
 from simrun_core.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -451,19 +450,7 @@ def test_the_server_config_chooses_the_kubernetes_executor(api, store, tmp_path)
     from simrun_tracker.ports import ServerEnvironments
     from simrun_tracker.server import build_executor
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-                "users": [{"name": "tracker", "user": {"token": "t"}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "tracker"}}],
-                "current-context": "fake",
-            }
-        )
-    )
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
     config = ServerConfig.model_validate(
         {"executor": {"kind": "kubernetes", "kubernetes": {"kubeconfig": str(kubeconfig), "namespace": "simrun"}}}
     )

@@ -272,19 +272,7 @@ def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as
     with FakeApiServer() as api, socket.socket() as sock:
         api.cluster.put("nodes", node("node-a", 8, 32))
         api.cluster.put("nodes", node("node-b", 8, 32))
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "k3s", "cluster": {"server": api.url}}],
-                    "users": [{"name": "tracker", "user": {"token": "service-account-token"}}],
-                    "contexts": [{"name": "k3s", "context": {"cluster": "k3s", "user": "tracker"}}],
-                    "current-context": "k3s",
-                }
-            )
-        )
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
         volume = tmp_path / "var-lib-simrun"
 
         def moved(path: str) -> str:
