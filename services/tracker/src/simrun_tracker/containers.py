@@ -43,6 +43,12 @@ RUN_LABEL = "io.simrun.run"
 TASK_LABEL = "io.simrun.task"
 WORKER_LABEL = "io.simrun.worker"
 PODMAN_TIMEOUT_S = 60.0
+PODMAN_EXITS = {
+    125: "podman's own error, e.g. an image it cannot pull",
+    126: "the command cannot be run",
+    127: "the command is not in the image",
+}
+"""`podman run`'s exit codes that are podman's, not the container's."""
 
 ImageOf = Callable[[PodSpec], str]
 """The image (by digest) a pod runs: its environment's, or the default image for a model without a lock."""
@@ -219,6 +225,14 @@ class ContainerExecutor(LocalExecutor):
             for entry in [folder, *(os.path.join(folder, n) for n in folders + files)]:
                 with contextlib.suppress(OSError):
                     os.chown(entry, user, user, follow_symlinks=False)
+
+    def _failure(self, code: int, described: str) -> str:
+        if code in PODMAN_EXITS:
+            return (
+                f"podman could not run the container ({described}: {PODMAN_EXITS[code]}); "
+                "the pod's log (simrun logs RUN TASK) has podman's reason"
+            )
+        return super()._failure(code, described)
 
     def _limit_by(self) -> str:
         assert self._cgroups is not None

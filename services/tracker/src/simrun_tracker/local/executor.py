@@ -542,7 +542,7 @@ class LocalExecutor:
                     start_new_session=True,
                 )
                 self._running[spec.pod_id] = pod
-        except (OSError, ValueError, subprocess.SubprocessError, FailedPrecondition) as exc:
+        except (OSError, ValueError, subprocess.SubprocessError, FailedPrecondition, InvalidArgument) as exc:
             # A pod that cannot be started fails rather than staying "running" with no process.
             if pod.cgroup is not None:
                 pod.cgroup.remove()
@@ -556,7 +556,7 @@ class LocalExecutor:
         cgroup): a confined process of its environment's interpreter that enters its cgroup before the command.
 
         Raises:
-            OSError, ValueError, FailedPrecondition: the attempt cannot be made (it then fails, `_launch`).
+            OSError, ValueError, FailedPrecondition, InvalidArgument: the attempt cannot be made (it then fails).
         """
         spec = pod.spec
         pod.scratch = self._scratch_root / name
@@ -578,6 +578,10 @@ class LocalExecutor:
         if pod.cgroup is not None:
             command = ["/bin/sh", "-c", _ENTER_CGROUP, str(pod.cgroup.procs_file), *command]
         return command, env
+
+    def _failure(self, code: int, described: str) -> str:
+        """The message of an attempt that failed with a non-zero exit code and nothing else to say of it."""
+        return f"failed with {described}"
 
     def _limit_by(self) -> str:
         """How memory limits are held, for the attempt's first log line."""
@@ -743,7 +747,7 @@ class LocalExecutor:
             why = {"preempted": "preempted by a higher priority", "evicted": "evicted by a reservation"}
             self._requeue(pod, f"{why.get(stopping or '', 'stopped on SIGTERM')}; queued again", described)
         else:
-            self._final(pod, PodPhase.FAILED, f"failed with {described}", described)
+            self._final(pod, PodPhase.FAILED, self._failure(code, described), described)
 
     def _requeue(self, pod: _Pod, message: str, described: str) -> None:
         self._log(pod, f"exited with {described}: {message}")
