@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,8 @@ LAZY_COMMANDS = {
     "render": "simrun_cli.argo:render_command",
     "tokens": "simrun_cli.admin:tokens",
     "learned": "simrun_cli.admin:learned",
+    "ui": "simrun_cli.web:ui",
+    "web": "simrun_cli.web:web",
 }
 """The commands defined in modules of their own (`name: module:attribute`), imported when named (or by --help)."""
 
@@ -256,6 +258,8 @@ def compare(run_ids: tuple[str, ...], group: str | None, as_json: bool, client: 
     if run_ids and group:
         raise click.UsageError("give the runs to compare or --group, not both")
     comparison = client.compare(run_ids=list(run_ids), group=group)
+    from simrun_client.compare import differing_settings
+
     settings = differing_settings([client.get_run(run_id) for run_id in comparison.run_ids])
     if as_json:
         # The API's comparison, plus the settings that differ between the runs in the same row shape.
@@ -374,34 +378,6 @@ def unit_lines(lines: str, unit: int) -> str:
     """The lines a unit printed, without their `[unit N] ` prefix (the runtime puts it on each unit's lines)."""
     prefix = f"[unit {unit}] "
     return "".join(line.removeprefix(prefix) for line in lines.splitlines(keepends=True) if line.startswith(prefix))
-
-
-def differing_settings(runs: list[common_pb2.Run]) -> list[tuple[str, str, list[str]]]:
-    """The settings (task, dotted key, JSON value per run) that differ between runs, as submitted."""
-    from simrun_core.workflow import parse_workflow
-
-    per_run: list[dict[tuple[str, str], str]] = []
-    for run in runs:
-        values: dict[tuple[str, str], str] = {}
-        try:
-            tasks = parse_workflow(run.workflow).spec.tasks if run.workflow else {}
-        except SimrunError:
-            tasks = {}
-        for task_id, task in tasks.items():
-            for key, value in _flatten(task.settings):
-                values[task_id, key] = json.dumps(value, sort_keys=True)
-        per_run.append(values)
-    keys = sorted({key for values in per_run for key in values})
-    rows = [(task, key, [values.get((task, key), "") for values in per_run]) for task, key in keys]
-    return [row for row in rows if len(set(row[2])) > 1]
-
-
-def _flatten(settings: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in settings.items():
-        if isinstance(value, dict) and value:
-            yield from _flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 @cli.command()

@@ -399,12 +399,7 @@ class Bridge:
                 yield update.run
         finally:
             self._streams.release()
-            close = getattr(stream, "close", None)  # a generator's: it cancels the call on the server too
-            with contextlib.suppress(Exception):
-                # It fails harmlessly while a thread is still inside `next` after a cancelled call; the stream's
-                # own deadline ends it then.
-                if close is not None:
-                    close()
+            stream.cancel()  # ends the call on the server, and a thread still inside `next` with it
 
     async def _poll(self, run_id: str, timeout_s: float) -> AsyncGenerator[common_pb2.Run, None]:
         """The run now and whenever its states or units done change, read every `poll_s` for at most `timeout_s`."""

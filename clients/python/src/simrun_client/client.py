@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from simrun_client.snapshots import SnapshotResult
 
 M = TypeVar("M", bound="Message")
+T = TypeVar("T")
 
 TRACKER = "/simrun.v1.RunTrackerService/"
 GATEWAY = "/simrun.v1.GatewayService/"
@@ -89,6 +90,49 @@ def git_toplevel(path: Path) -> Path:
             "the workflow; `git init` the model, or name the model's working tree"
         )
     return Path(result.stdout.strip())
+
+
+class Stream(Iterator[T]):
+    """The messages of a server stream, read by iterating; `cancel()` ends it on the server, from any thread.
+
+    A reader blocked in `next` on another thread then stops (`StopIteration`), so a web page that closes or an
+    agent that gives up does not hold the server's stream until its deadline. A consumer that stops early and
+    drops the stream cancels it too.
+    """
+
+    def __init__(self, call: Any, explain: Callable[[SimrunError], SimrunError], *, until: bool) -> None:
+        self._call = call
+        self._explain = explain
+        self._until = until
+        self._cancelled = False
+
+    def __iter__(self) -> Stream[T]:
+        return self
+
+    def __next__(self) -> T:
+        import grpc
+        from simrun_core.rpc.errors import to_domain_error
+
+        try:
+            return cast(T, next(self._call))
+        except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            if self._cancelled and code == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            if self._until and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise StopIteration from None
+            raise self._explain(to_domain_error(exc)) from None
+
+    def cancel(self) -> None:
+        """Ends the stream on the server; a reader blocked in `next` stops."""
+        self._cancelled = True
+        self._call.cancel()
+
+    close = cancel
+
+    def __del__(self) -> None:
+        if not self._cancelled:
+            self._call.cancel()
 
 
 class Client:
@@ -428,7 +472,7 @@ class Client:
             TRACKER + "CancelRun", tracker_pb2.CancelRunRequest(run_id=run_id), tracker_pb2.CancelRunResponse
         ).run
 
-    def watch(self, run_id: str, timeout_s: float | None = None) -> Iterator[tracker_pb2.WatchRunResponse]:
+    def watch(self, run_id: str, timeout_s: float | None = None) -> Stream[tracker_pb2.WatchRunResponse]:
         """The run and its tasks' progress whenever they change, until it ends or `timeout_s` seconds pass.
 
         The first update is the run as it is now. Once `timeout_s` passes the iteration simply stops (no
@@ -460,7 +504,7 @@ class Client:
         worker: str | None = None,
         follow: bool = False,
         timeout_s: float | None = None,
-    ) -> Iterator[tracker_pb2.StreamLogsResponse]:
+    ) -> Stream[tracker_pb2.StreamLogsResponse]:
         """The logs of a task's pods (or of one worker, `w0`, `w1`, …), following them while the task runs.
 
         Args:
@@ -566,6 +610,40 @@ class Client:
                 Path(staging, *PurePosixPath(path).parts).replace(target)
         return [dest.joinpath(*PurePosixPath(path).parts) for path in written]
 
+    def read_output_file(self, run_id: str, task_id: str, port: str, path: str, max_bytes: int) -> bytes:
+        """One file of an output port, read through the gateway into memory (the web view's downloads and tables).
+
+        The port's stream is read up to that file and cancelled after it.
+
+        Raises:
+            NotFound: the port has no such file.
+            InvalidArgument: the file is larger than `max_bytes`.
+        """
+        from simrun_core.errors import NotFound
+
+        request = tracker_pb2.FetchOutputRequest(run_id=run_id, task_id=task_id, port=port)
+        stream = self._stream(self._tracker.FetchOutput, request)
+        data = bytearray()
+        found = False
+        try:
+            for piece in stream:
+                if piece.path != path:
+                    if found:
+                        break
+                    continue
+                found = True
+                if piece.size_bytes > max_bytes:
+                    raise InvalidArgument(
+                        f"{path} is {piece.size_bytes} bytes, more than the {max_bytes} read here: fetch it with "
+                        f"`simrun fetch {run_id} {task_id} {port} DEST`"
+                    )
+                data.extend(piece.data)
+        finally:
+            stream.cancel()
+        if not found:
+            raise NotFound(f"the output {task_id}.{port} of run {run_id} has no file {path!r}")
+        return bytes(data)
+
     def _prepare(
         self, workflow_path: str | Path, model: str | Path | None, store: str | Path | None
     ) -> tuple[str, list[common_pb2.Snapshot]]:
@@ -609,21 +687,9 @@ class Client:
 
     def _stream(
         self, method: Callable[..., Any], request: Any, *, timeout_s: float | None = None, until: bool = False
-    ) -> Iterator[Any]:
+    ) -> Stream[Any]:
         """The stream's messages; with `until`, reaching `timeout_s` ends the stream instead of failing it."""
-        import grpc
-        from simrun_core.rpc.errors import to_domain_error
-
-        call = method(request, timeout=timeout_s)
-        try:
-            yield from call
-        except grpc.RpcError as exc:
-            if until and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
-                return
-            raise self._explain(to_domain_error(exc), timeout_s) from None
-        finally:
-            # A consumer that stops early must not leave the stream open on the server.
-            call.cancel()
+        return Stream(method(request, timeout=timeout_s), lambda exc: self._explain(exc, timeout_s), until=until)
 
     def _explain(self, error: SimrunError, timeout_s: float | None = None) -> SimrunError:
         """The error, said so that it tells what to fix where the server's words would not."""
@@ -638,4 +704,4 @@ class Client:
         return error
 
 
-__all__ = ["FINAL_RUN_STATES", "Client", "git_toplevel", "run_state"]
+__all__ = ["FINAL_RUN_STATES", "Client", "Stream", "git_toplevel", "run_state"]
