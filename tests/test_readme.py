@@ -59,6 +59,7 @@ def test_every_command_of_the_readme_runs_in_a_fresh_home(tmp_path: Path) -> Non
         HOME=str(home),
         PATH=os.pathsep.join([str(home / ".local" / "bin"), *path]),
         SIMRUN_ENDPOINT=_free_endpoint(),
+        SIMRUN_WEB_ADDRESS=_free_endpoint(),
         # The fresh home must not mean a fresh uv cache (a download of every package) or a git without a name.
         UV_CACHE_DIR=os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
         GIT_AUTHOR_NAME="reader",

@@ -30,7 +30,8 @@ def _free_endpoint() -> str:
 
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIMRUN_")}
-    return {**env, "SIMRUN_HOME": str(home), **extra}
+    # The web view beside each server on a free port: a server of the machine's own holds the default one.
+    return {**env, "SIMRUN_HOME": str(home), "SIMRUN_WEB_ADDRESS": "127.0.0.1:0", **extra}
 
 
 def test_help_lists_the_commands() -> None:

@@ -299,7 +299,7 @@ def test_simrun_server_starts_with_the_deployed_config_and_a_tokens_file_made_as
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**env, "HOME": str(volume)},
+            env={**env, "HOME": str(volume), "SIMRUN_WEB_ADDRESS": "127.0.0.1:0"},
         )
         try:
             assert proc.stdout is not None and proc.stderr is not None

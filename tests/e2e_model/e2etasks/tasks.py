@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from pydantic import Field
 from simrun_runtime import (
     ExecContext,
     MergeContext,
@@ -96,3 +97,37 @@ class Sum(UnsplitTaskType):
         total = sum(values) + settings.offset
         (context.outputs["total"] / "total.json").write_text(json.dumps(total))
         return {"total": total}
+
+
+class GridSettings(TaskSettings):
+    xs: list[float] = Field(default_factory=lambda: [1.0, 2.0])
+    ys: list[float] = Field(default_factory=lambda: [1.0, 2.0])
+    seconds: float = 0.0
+    note: str = ""
+    fail_with: str = ""
+
+
+class Grid(SplitTaskType):
+    """A two-parameter scan: unit i is the point (xs[i % len(xs)], ys[i // len(xs)]), its value x*x + y; the merge
+    writes grid.csv (x, y, value), one row per unit, and fails with `fail_with` as its message when that is set."""
+
+    Settings = GridSettings
+    outputs = ("grid",)
+    resources = ResourceHint(base_memory_gb=0.25, per_worker_gb=0.25)
+
+    def count_units(self, settings: GridSettings) -> int:
+        return len(settings.xs) * len(settings.ys)
+
+    def compute_unit(self, settings: GridSettings, index: int, unit: UnitContext) -> None:
+        x, y = settings.xs[index % len(settings.xs)], settings.ys[index // len(settings.xs)]
+        print(f"unit {index}: x={x} y={y} {settings.note}", flush=True)
+        time.sleep(settings.seconds)
+        (unit.result_dir / "point.json").write_text(json.dumps({"x": x, "y": y, "value": x * x + y}))
+
+    def merge(self, settings: GridSettings, merge: MergeContext) -> dict[str, Any]:
+        if settings.fail_with:
+            raise RuntimeError(settings.fail_with)
+        points = [json.loads((path / "point.json").read_text()) for _, path in merge.units()]
+        lines = ["x,y,value", *(f"{p['x']!r},{p['y']!r},{p['value']!r}" for p in points)]
+        (merge.outputs["grid"] / "grid.csv").write_text("\n".join(lines) + "\n")
+        return {"max": max(p["value"] for p in points), "points": len(points), "note": settings.note}

@@ -12,6 +12,7 @@ from simrun_core.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:  # imported where used: the other commands start without pydantic and yaml
     from simrun_core.config import NodeConfig, ServerConfig
+    from simrun_web.serve import WebServer
 
 
 def load_nodes(path: Path) -> list[NodeConfig]:
@@ -94,7 +95,14 @@ def prepare_folders(config: ServerConfig) -> None:
             raise InvalidArgument(f"cannot use {folder} as the {what}: {exc.strerror or exc}") from None
 
 
-def server_config(config: Path | None, store: Path | None, address: str | None, nodes: Path | None) -> ServerConfig:
+def server_config(
+    config: Path | None,
+    store: Path | None,
+    address: str | None,
+    nodes: Path | None,
+    web_address: str | None = None,
+    no_web: bool = False,
+) -> ServerConfig:
     """The config file's settings (or the defaults), with the options given on the command line on top."""
     from simrun_core.config import ServerConfig
 
@@ -107,9 +115,25 @@ def server_config(config: Path | None, store: Path | None, address: str | None, 
     if nodes is not None:
         local = base.executor.local.model_copy(update={"nodes": load_nodes(nodes)})
         updates["executor"] = base.executor.model_copy(update={"local": local})
+    if web_address is not None or no_web:
+        web = base.web.model_copy(update={"enabled": not no_web, **({"address": web_address} if web_address else {})})
+        updates["web"] = web
     merged = base.model_copy(update=updates)
     check_address(merged.address)
+    if merged.web.enabled:
+        check_web(merged)
     return merged
+
+
+def check_web(config: ServerConfig) -> None:
+    """Refuses a web view beyond loopback in plaintext (its session cookies would travel in the clear)."""
+    from simrun_core.config import is_loopback
+
+    if not is_loopback(config.web.address) and config.tls is None and not config.insecure:
+        raise InvalidArgument(
+            f"--web-address {config.web.address}: beyond loopback the web view needs the config's tls (or insecure: "
+            "true, and its session cookies travel in the clear)"
+        )
 
 
 @click.command()
@@ -131,13 +155,28 @@ def server_config(config: Path | None, store: Path | None, address: str | None, 
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="YAML list of the nodes to run pods on ({name, cores, memory_gb, gpus}); default: this machine.",
 )
-def server(store: Path | None, address: str | None, config_file: Path | None, nodes: Path | None) -> None:
-    """Serve simrun on this machine: every service in this process on one port, until Ctrl-C."""
+@click.option(
+    "--web-address",
+    envvar="SIMRUN_WEB_ADDRESS",
+    show_envvar=True,
+    metavar="HOST:PORT",
+    help="Where the web view listens; default 127.0.0.1:50552 (`simrun ui` opens it).",
+)
+@click.option("--no-web", is_flag=True, help="Serve no web view.")
+def server(
+    store: Path | None,
+    address: str | None,
+    config_file: Path | None,
+    nodes: Path | None,
+    web_address: str | None,
+    no_web: bool,
+) -> None:
+    """Serve simrun on this machine: every service in this process on one port, and the web view, until Ctrl-C."""
     from simrun_core.homelock import HomeLock
     from simrun_gateway.embedded import EmbeddedServer, serve  # here: the other commands need no services
     from simrun_tracker.server import check_pod_folders
 
-    config = server_config(config_file, store, address, nodes)
+    config = server_config(config_file, store, address, nodes, web_address, no_web)
     if not config.services.tracker:
         check_pod_folders(config)  # before anything is made there
     prepare_folders(config)
@@ -145,6 +184,7 @@ def server(store: Path | None, address: str | None, config_file: Path | None, no
     # (the lock itself is taken when the server starts).
     HomeLock(config.home, *([config.store] if not config.services.tracker else [])).release()
     check_port_free(config.address)
+    web = open_web(config) if config.web.enabled else None  # bound now: a taken port is refused before serving
 
     def ready(embedded: EmbeddedServer) -> None:
         click.echo(f"simrun serves at {embedded.address}, runs in {config.store}")
@@ -157,15 +197,48 @@ def server(store: Path | None, address: str | None, config_file: Path | None, no
                 f"tokens from {config.home / 'tokens.yaml'}; there is no {config.home / 'token'}, "
                 "so clients need --token or SIMRUN_TOKEN"
             )
+        if web is not None:
+            start_web(web, config, embedded.address)
+            click.echo(f"the web view is at {web.url}: `simrun ui` opens it logged in")
         click.echo("stop it with Ctrl-C")
 
     try:
         serve(config, ready=ready)  # it locks the home and the store: a second server is refused, naming the first
     except (OSError, RuntimeError) as exc:
+        if web is not None:
+            web.stop()
         # grpc says RuntimeError ("Failed to bind") when the port is taken; the address itself was checked above.
         if "bind" not in str(exc).lower():
             raise click.ClickException(f"cannot serve at {config.address}: {exc}") from None
         raise click.ClickException(
             f"cannot listen at {config.address}: the port is in use; is another simrun server running?"
         ) from None
+    if web is not None:
+        web.stop()
+        from simrun_cli.web import WEB_URL_FILE
+
+        (config.home / WEB_URL_FILE).unlink(missing_ok=True)
     click.echo("simrun stopped")
+
+
+def open_web(config: ServerConfig) -> WebServer:
+    """The web view's socket, bound (not serving yet)."""
+    from simrun_web.serve import WebServer
+
+    tls = config.tls
+    return WebServer(config.web.address, cert=tls.cert if tls else None, key=tls.key if tls else None)
+
+
+def start_web(web: WebServer, config: ServerConfig, gateway: str) -> None:
+    """Serves the web view as a client of the gateway at `gateway` (this process's own, reached on loopback)."""
+    from simrun_web.app import WebConfig
+
+    from simrun_cli.web import WEB_URL_FILE
+
+    host, _, port = gateway.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = "127.0.0.1"
+    tls = config.tls
+    web.start(WebConfig(f"{host}:{port}", tls_ca=(tls.ca or tls.cert) if tls else None))
+    url_file = config.home / WEB_URL_FILE
+    url_file.write_text(web.url + "\n")

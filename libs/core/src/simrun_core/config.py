@@ -263,6 +263,21 @@ class DriverConfig(BaseModel):
     )
 
 
+DEFAULT_WEB_ADDRESS = "127.0.0.1:50552"
+
+
+class WebServing(BaseModel):
+    """The web view (`simrun_web`) that `simrun server` serves beside the gateway: a client of it, like the CLI."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(default=True, description="Serve the web view (`simrun server --no-web`: off).")
+    address: str = Field(
+        default=DEFAULT_WEB_ADDRESS,
+        description="Where it listens; beyond loopback only with `tls` (its pages carry the session's cookie) or "
+        "`insecure`.",
+    )
+
+
 class ServerConfig(BaseModel):
     """Everything `simrun server` and each service's `__main__` need."""
 
@@ -285,6 +300,7 @@ class ServerConfig(BaseModel):
         default=1000, ge=8, description="Calls served at once (streams included); more are RESOURCE_EXHAUSTED."
     )
     tls: TlsConfig | None = Field(default=None, description="TLS of the servers; None: plaintext (loopback only).")
+    web: WebServing = Field(default_factory=WebServing)
     insecure: bool = Field(
         default=False, description="Serve plaintext on an address beyond loopback (tokens travel in the clear)."
     )

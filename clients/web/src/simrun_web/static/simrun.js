@@ -1,0 +1,106 @@
+// simrun's web view: live parts of its pages, fed by server-sent events. Everything a run says is set as text.
+"use strict";
+
+function setText(root, selector, text) {
+  const element = root.querySelector(selector);
+  if (element) element.textContent = text;
+}
+
+function setState(element, state) {
+  if (!element) return;
+  for (const name of [...element.classList]) if (name.startsWith("state-")) element.classList.remove(name);
+  element.classList.add("state-" + state);
+  element.textContent = state;
+}
+
+function seconds(value) {
+  if (value === null || value === undefined) return "";
+  if (value < 90) return Math.round(value) + " s";
+  if (value < 5400) return Math.round(value / 60) + " min";
+  return (value / 3600).toFixed(1) + " h";
+}
+
+function follow(url, handlers) {
+  if (!url) return;
+  const source = new EventSource(url);
+  for (const [name, handler] of Object.entries(handlers)) {
+    source.addEventListener(name, (event) => handler(JSON.parse(event.data)));
+  }
+  source.addEventListener("end", () => { source.close(); if (handlers.closed) handlers.closed(); });
+  source.onerror = () => { if (source.readyState === EventSource.CLOSED && handlers.refused) handlers.refused(); };
+  window.addEventListener("pagehide", () => source.close());
+  return source;
+}
+
+function updateTask(row, task) {
+  setState(row.querySelector('[data-field="state"]'), task.state);
+  const progress = row.querySelector("progress");
+  if (progress && task.units !== null) { progress.max = task.units; progress.value = task.units_done; }
+  setText(row, '[data-field="units"] .count', task.units === null ? "" : task.units_done + "/" + task.units);
+  setText(row, '[data-field="rate"]', task.rate ? task.rate.toFixed(2) + " units/s" : "");
+  setText(row, '[data-field="left"]', seconds(task.left_s));
+  setText(row, '[data-field="message"]', task.message);
+  const pods = row.querySelector('[data-field="pods"]');
+  if (pods) pods.textContent = pods.textContent.replace(/^\d+/, String(task.pods_started));
+}
+
+function runPage(root) {
+  follow(root.dataset.events, {
+    run: (run) => {
+      setState(document.getElementById("run-state"), run.state);
+      setText(document, "#run-message", run.message);
+      for (const task of run.tasks) {
+        const row = root.querySelector('#tasks tr[data-task="' + CSS.escape(task.task_id) + '"]');
+        if (row) updateTask(row, task);
+        const node = root.querySelector('.dag li[data-task="' + CSS.escape(task.task_id) + '"]');
+        if (node) { for (const c of [...node.classList]) if (c.startsWith("state-")) node.classList.remove(c); node.classList.add("state-" + task.state); }
+      }
+      if (run.final) { const form = document.getElementById("cancel-form"); if (form) form.remove(); }
+    },
+  });
+}
+
+function runsPage(table) {
+  follow(table.dataset.events, {
+    run: (run) => {
+      const row = table.querySelector('tr[data-run="' + CSS.escape(run.run_id) + '"]');
+      if (!row) return;
+      setState(row.querySelector('[data-field="state"]'), run.state);
+      setText(row, '[data-field="message"]', run.message);
+      setText(row, '[data-field="progress"] .done', run.tasks_done + "/" + run.tasks_total);
+      const running = run.tasks.filter((task) => task.state === "running" && task.units !== null);
+      setText(row, '[data-field="progress"] .units',
+        running.map((task) => task.task_id + " " + task.units_done + "/" + task.units + " units").join(", "));
+    },
+  });
+}
+
+function logPage(pre) {
+  const state = document.getElementById("log-state");
+  let last = "";
+  follow(pre.dataset.events, {
+    lines: (chunk) => {
+      const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      if (chunk.pod !== last) { pre.append(document.createTextNode("── " + chunk.pod + "\n")); last = chunk.pod; }
+      pre.append(document.createTextNode(chunk.lines));
+      if (atEnd) pre.scrollTop = pre.scrollHeight;
+      state.textContent = "following";
+    },
+    error: (error) => { state.textContent = error.message; },
+    closed: () => { state.textContent = "the task has ended: this is the whole log"; },
+    refused: () => { state.textContent = "not following: reload to try again"; },
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const run = document.getElementById("run");
+  if (run) runPage(run);
+  const runs = document.getElementById("runs");
+  if (runs) runsPage(runs);
+  const log = document.getElementById("log");
+  if (log) logPage(log);
+  const cancel = document.getElementById("cancel-form");
+  if (cancel) cancel.addEventListener("submit", (event) => {
+    if (!window.confirm("Cancel this run? Its pods are stopped.")) event.preventDefault();
+  });
+});
