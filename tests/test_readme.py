@@ -87,6 +87,9 @@ def test_every_command_of_the_readme_runs_in_a_fresh_home(tmp_path: Path) -> Non
     assert re.search(r"^2470$", out, re.MULTILINE), out  # total.txt: 0² + … + 19²
     assert re.search(r"^bob \(person\), priority standard$", out, re.MULTILINE), out
     assert re.search(r"^bob-agent \(agent, acting for bob\), priority agent$", out, re.MULTILINE), out
+    # `simrun ui --no-browser` found the web view the server wrote in the home, and a one-time link to it.
+    web = env["SIMRUN_WEB_ADDRESS"]
+    assert re.search(rf"^http://{re.escape(web)}/login/link/[\w-]{{40,}}$", out, re.MULTILINE), out
     assert (home / ".local" / "bin" / "simrun").is_symlink()
     # An agent host configured from the README starts the bridge by its name, from the same PATH.
     bridge = subprocess.run(["simrun-mcp", "--help"], env=env, capture_output=True, text=True, check=False)
