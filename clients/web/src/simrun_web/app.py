@@ -24,6 +24,7 @@ from google.protobuf.json_format import MessageToDict
 from simrun.v1 import common_pb2, tracker_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, run_state
 from simrun_client.compare import differing_settings
+from simrun_client.streams import AsyncStreams
 from simrun_core.errors import InvalidArgument, NotFound, SimrunError, Unauthenticated
 from simrun_web import live, tables
 from simrun_web.sessions import Session, Sessions
@@ -127,6 +128,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
 
     sessions = Sessions(connect)
     streams = bounds or live.StreamBounds()
+    followed = AsyncStreams(config.endpoint, config.tls_ca)  # every page's live reads, on the view's event loop
     app = FastAPI(title="simrun", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.sessions = sessions
     app.state.streams = streams
@@ -282,7 +284,8 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
 
     def watch_feed(session: Session, run_id: str) -> live.Feed:
         started: dict[str, tuple[float, int]] = {}
-        return live.Feed(session.client.watch(run_id), lambda update: ("run", task_progress(update, started)))
+        stream = followed.watch(session.client.token, run_id)
+        return live.Feed(stream, lambda update: ("run", task_progress(update, started)))
 
     @app.get("/runs/events")
     def runs_events(request: Request, ids: str = "") -> Response:
@@ -368,7 +371,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             return JSONResponse({"error": "log in first"}, status_code=401)
 
         def feeds() -> list[live.Feed]:
-            stream = session.client.logs(run_id, task_id, worker=worker or None, follow=True)
+            stream = followed.logs(session.client.token, run_id, task_id, worker=worker)
             return [live.Feed(stream, lambda chunk: ("lines", {"pod": chunk.pod, "lines": chunk.lines}))]
 
         return event_stream(session, feeds)

@@ -1,9 +1,9 @@
 """Server-sent events fed by the gateway's streams, each bounded, each ended when its page closes.
 
-A page's event stream reads one or more gateway streams (WatchRun, StreamLogs) on threads of its own, because the
-typed client's streams block; the events reach the page through a bounded queue, so a slow browser slows the read
-instead of filling memory. When the page closes, the gateway's streams are cancelled (`Stream.cancel`), which also
-wakes their threads. An idle page holds a blocked gRPC read and nothing that polls.
+A page's event stream reads one or more gateway streams (WatchRun, StreamLogs) on the view's event loop, through
+one asyncio channel (`simrun_client.streams`): an idle page holds a pending read and no thread, and wakes nothing.
+The events reach the page through a bounded queue, so a slow browser slows the read instead of filling memory.
+When the page closes, its reads are cancelled, which cancels the gateway's streams.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from simrun_client.client import Stream
 from simrun_core.errors import ResourceExhausted, SimrunError
 
 MAX_STREAMS = 64
@@ -67,7 +66,7 @@ class StreamBounds:
 class Feed:
     """One gateway stream and how each of its messages becomes an event: (name, data) or None to skip it."""
 
-    stream: Stream[Any]
+    stream: AsyncIterator[Any]
     event: Callable[[Any], tuple[str, Any] | None]
 
 
@@ -79,40 +78,25 @@ def sse(name: str, data: Any) -> str:
 async def events(feeds: Iterable[Feed], *, release: Callable[[], None]) -> AsyncIterator[str]:
     """The events of every feed as they come, then `end` once all of them ended; an `error` event for a refusal.
 
-    Cancelled (the page closed), it cancels every gateway stream, which ends their threads; `release` runs once
+    Cancelled (the page closed), it cancels every read, which cancels the gateway's streams; `release` runs once
     either way.
     """
     feeds = list(feeds)
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(_QUEUE)
-    stopped = threading.Event()
 
-    def put(item: tuple[str, Any]) -> None:
-        future = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
-        while not stopped.is_set():
-            try:
-                future.result(timeout=1.0)
-                return
-            except TimeoutError:
-                continue
-        future.cancel()
-
-    def pump(feed: Feed) -> None:
+    async def pump(feed: Feed) -> None:
         try:
-            for message in feed.stream:
-                if stopped.is_set():
-                    return
+            async for message in feed.stream:
                 event = feed.event(message)
                 if event is not None:
-                    put(event)
+                    await queue.put(event)
         except SimrunError as exc:
-            put(("error", {"message": str(exc)}))
+            await queue.put(("error", {"message": str(exc)}))
         finally:
-            put(("", None))  # this feed ended
+            with contextlib.suppress(asyncio.CancelledError):
+                await queue.put(("", None))  # this feed ended
 
-    threads = [threading.Thread(target=pump, args=(feed,), daemon=True, name="simrun-web-feed") for feed in feeds]
-    for thread in threads:
-        thread.start()
+    tasks = [asyncio.create_task(pump(feed)) for feed in feeds]
     try:
         ended = 0
         while ended < len(feeds):
@@ -127,8 +111,11 @@ async def events(feeds: Iterable[Feed], *, release: Callable[[], None]) -> Async
             yield sse(name, data)
         yield sse("end", {})
     finally:
-        stopped.set()
-        for feed in feeds:
-            with contextlib.suppress(Exception):
-                feed.stream.cancel()
+        for task in tasks:
+            task.cancel()
+        for feed, task in zip(feeds, tasks, strict=True):
+            with contextlib.suppress(BaseException):
+                await task
+            with contextlib.suppress(BaseException):
+                await feed.stream.aclose()  # type: ignore[attr-defined]
         release()

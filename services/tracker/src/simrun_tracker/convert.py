@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -109,6 +110,11 @@ def plan_message(plan: dict[str, Any] | None) -> common_pb2.TaskPlan | None:
     return plan_to_proto(TaskPlan(**{**plan, "shape": PodShape(**plan["shape"])}))
 
 
+def _worker_order(worker: str) -> tuple[int, str]:
+    """w0, w1, …, w10 in their numbers' order."""
+    return (int(worker[1:]), worker) if worker[1:].isdigit() else (1 << 30, worker)
+
+
 def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -> common_pb2.Run:
     done = {p.task_id: p.units_done for p in progress or []}
     identity = record.identity
@@ -145,6 +151,16 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
             message.plan.CopyFrom(plan)
         if (resources := resources_message(task.resources)) is not None:
             message.resources.CopyFrom(resources)
+        kills = Counter(kill.worker for kill in record.oom_kills if kill.task_id == task.task_id)
+        for worker in sorted((w for w, n in task.attempts.items() if n > 0), key=_worker_order):
+            pod = message.pods.add(
+                worker=worker,
+                attempts=task.attempts[worker],
+                oom_kills=kills[worker],
+                sigkills=task.sigkills.get(worker, 0),
+            )
+            if worker in task.measured_memory_gb:
+                pod.peak_memory_gb = task.measured_memory_gb[worker]
     for snapshot in record.snapshots:
         run.snapshots.add(
             name=snapshot.name,

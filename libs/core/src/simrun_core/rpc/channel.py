@@ -93,3 +93,22 @@ def open_channel(
 
         telemetry = process_telemetry("simrun")
     return telemetry.instrument_channel(channel)
+
+
+def open_aio_channel(
+    address: str,
+    *,
+    options: Sequence[ChannelOption] = (),
+    credentials: grpc.ChannelCredentials | None = None,
+) -> grpc.aio.Channel:
+    """An asyncio channel to `host:port`, for a process that follows many streams at once on its event loop.
+
+    grpcio's blocking streams wake their reading thread ten times a second while they wait (its `_common.wait`),
+    so a thread per followed stream costs CPU that grows with the streams; an asyncio channel waits on the
+    event loop instead. It sends no token of its own (each call carries its caller's) and is not traced.
+
+    Must be called with the event loop it is used on running.
+    """
+    if credentials is not None:
+        return grpc.aio.secure_channel(address, credentials, options=list(options))
+    return grpc.aio.insecure_channel(address, options=list(options))

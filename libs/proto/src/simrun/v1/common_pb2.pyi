@@ -813,6 +813,7 @@ class Task(_message.Message):
     KEY_FIELD_NUMBER: _builtins.int
     REUSED_FROM_FIELD_NUMBER: _builtins.int
     PODS_STARTED_FIELD_NUMBER: _builtins.int
+    PODS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Id of the task in the workflow."""
     type: _builtins.str
@@ -847,6 +848,10 @@ class Task(_message.Message):
     def reused_from(self) -> Global___ReusedFrom:
         """The earlier task whose outputs it reuses, or whose done units seeded its ledger; absent if computed."""
 
+    @_builtins.property
+    def pods(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskPod]:
+        """Its pods that started, by worker: attempts, kills and the memory the executor measured."""
+
     def __init__(
         self,
         *,
@@ -863,16 +868,57 @@ class Task(_message.Message):
         key: _builtins.str = ...,
         reused_from: Global___ReusedFrom | None = ...,
         pods_started: _builtins.int = ...,
+        pods: _abc.Iterable[Global___TaskPod] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "plan", b"plan", "resources", b"resources", "reused_from", b"reused_from", "units", b"units"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "inputs", b"inputs", "key", b"key", "message", b"message", "plan", b"plan", "pods_started", b"pods_started", "resources", b"resources", "reused_from", b"reused_from", "split", b"split", "state", b"state", "task_id", b"task_id", "type", b"type", "units", b"units", "units_done", b"units_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_units", b"_units", "inputs", b"inputs", "key", b"key", "message", b"message", "plan", b"plan", "pods", b"pods", "pods_started", b"pods_started", "resources", b"resources", "reused_from", b"reused_from", "split", b"split", "state", b"state", "task_id", b"task_id", "type", b"type", "units", b"units", "units_done", b"units_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__units: _TypeAlias = _typing.Literal["units"]  # noqa: Y015
     _WhichOneofArgType__units: _TypeAlias = _typing.Literal["_units", b"_units"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__units) -> _WhichOneofReturnType__units | None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class TaskPod(_message.Message):
+    """A pod of a task, all its attempts together."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    OOM_KILLS_FIELD_NUMBER: _builtins.int
+    SIGKILLS_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_GB_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    """The worker: w0 for the coordinator (or the task's one pod), w1, w2, … for the extra workers."""
+    attempts: _builtins.int
+    """Times it was started (a retry after a kill starts it again)."""
+    oom_kills: _builtins.int
+    """Its attempts killed for memory."""
+    sigkills: _builtins.int
+    """Its exits by SIGKILL without evidence of a memory kill."""
+    peak_memory_gb: _builtins.float
+    """The most anonymous memory the executor measured in it over its attempts, GiB; absent where it does not measure."""
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        oom_kills: _builtins.int = ...,
+        sigkills: _builtins.int = ...,
+        peak_memory_gb: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_peak_memory_gb", b"_peak_memory_gb", "peak_memory_gb", b"peak_memory_gb"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_peak_memory_gb", b"_peak_memory_gb", "attempts", b"attempts", "oom_kills", b"oom_kills", "peak_memory_gb", b"peak_memory_gb", "sigkills", b"sigkills", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__peak_memory_gb: _TypeAlias = _typing.Literal["peak_memory_gb"]  # noqa: Y015
+    _WhichOneofArgType__peak_memory_gb: _TypeAlias = _typing.Literal["_peak_memory_gb", b"_peak_memory_gb"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__peak_memory_gb) -> _WhichOneofReturnType__peak_memory_gb | None: ...
+
+Global___TaskPod: _TypeAlias = TaskPod  # noqa: Y015
 
 @_typing.final
 class ReusedFrom(_message.Message):
