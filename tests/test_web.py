@@ -193,6 +193,9 @@ def test_a_run_moves_to_succeeded_without_a_reload(owner: Any, served: Served) -
         .get_attribute("class")
         .endswith("state-succeeded")
     )
+    owner.refresh()
+    pod = owner.find_element("css selector", '#pods tr[data-task="grid"][data-worker="w0"]').text.split()
+    assert pod[:5] == ["grid", "w0", "1", "0", "0"], pod  # started once, never killed
     shoot(owner, "run")
     assert console_errors(owner) == []
 

@@ -321,7 +321,27 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             }
             for f in outputs
         ]
-        return page(request, "run.html", session, run=view, files=files, may_cancel=may_cancel)
+        return page(
+            request,
+            "run.html",
+            session,
+            run=view,
+            files=files,
+            may_cancel=may_cancel,
+            environment=environment_view(session, run.environment),
+        )
+
+    def environment_view(session: Session, environment_id: str) -> dict[str, Any] | None:
+        """The run's environment as the builder has it, or None where there is none to show (the server's own)."""
+        from simrun_client.environments import get_environment
+
+        if not environment_id or environment_id == "default":
+            return None
+        try:
+            environment = get_environment(session.client, environment_id)
+        except SimrunError:
+            return None
+        return MessageToDict(environment, preserving_proto_field_name=True)
 
     @app.get("/runs/{run_id}/events")
     def run_events(request: Request, run_id: str) -> Response:
@@ -549,6 +569,15 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             counts = by_identity.setdefault(run["owner"], {"running": 0, "queued": 0, "pods": 0})
             counts[run["state"]] = counts.get(run["state"], 0) + 1
             counts["pods"] += sum(t.get("pods_started", 0) for t in run.get("tasks", []) if t["state"] == "running")
+        # Kueue's order: the owner's first, other people's next, agents' last; a higher one waiting takes back
+        # capacity from the running runs of the lowest priority first.
+        rank = {"owner": 0, "standard": 1, "agent": 2}
+        active.sort(key=lambda run: (run["state"] != "running", rank.get(run["priority"], 3), run["run_id"]))
+        running = [rank.get(r["priority"], 3) for r in active if r["state"] == "running"]
+        waiting = [rank.get(r["priority"], 3) for r in active if r["state"] == "queued"]
+        lowest = max(running) if running and waiting and min(waiting) < max(running) else None
+        for run in active:
+            run["gives_way"] = run["state"] == "running" and rank.get(run["priority"], 3) == lowest
         node_views = [
             MessageToDict(n, preserving_proto_field_name=True, always_print_fields_with_no_presence=True) for n in nodes
         ]
