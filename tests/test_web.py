@@ -233,17 +233,20 @@ def test_an_output_downloads_and_its_heatmap_has_a_mark_per_unit(owner: Any, ser
 
 
 def test_two_runs_compare_with_their_differing_setting(owner: Any, served: Served) -> None:
-    first = served.submit("cmp-a", {"xs": [1, 2], "ys": [1.0]})
-    second = served.submit("cmp-b", {"xs": [1, 2], "ys": [5.0]})
+    first = served.submit("cmp-a", {"xs": [1, 2], "ys": [1.0], "seconds": 0.0})
+    second = served.submit("cmp-b", {"xs": [1, 2], "ys": [5.0], "seconds": 0.1})
     for run_id in (first, second):
         served.wait(run_id, "succeeded")
     owner.get(f"http://{served.web}/compare?runs={first},{second}")
     settings = owner.find_elements("css selector", "#comparison tr.setting")
-    assert [row.text for row in settings] == ["grid ys [1.0] [5.0]"]
+    assert [row.text for row in settings] == ["grid seconds 0.0 0.1", "grid ys [1.0] [5.0]"]
     summary = {row.text for row in owner.find_elements("css selector", "#comparison tr.summary")}
     assert "grid max 5.0 9.0" in summary, summary
-    wait_for(lambda: owner.find_element("id", "plot").get_attribute("data-ready") == "true", 30, "the plot")
+    for plot in ("plot", "parallel"):
+        wait_for(lambda plot=plot: owner.find_element("id", plot).get_attribute("data-ready") == "true", 30, plot)
+    # The summary against the first differing setting, a point per run; the numeric columns, a line per run.
     assert len(owner.find_elements("css selector", "#plot g.mark-symbol.role-mark path")) == 2
+    assert len(owner.find_elements("css selector", "#parallel g.mark-line.role-mark path")) == 2
     shoot(owner, "compare")
 
 

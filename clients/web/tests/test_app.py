@@ -138,3 +138,41 @@ def test_a_one_time_link_expires_and_is_spent_once() -> None:
     now[0] += 121
     with pytest.raises(Exception, match="spent or expired"):
         sessions.redeem(late)
+
+
+def test_simrun_web_serves_the_view_alone_and_refuses_plaintext_beyond_loopback(embedded: EmbeddedServer) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    simrun = shutil.which("simrun", path=str(Path(sys.executable).parent)) or "simrun"
+    refused = subprocess.run(
+        [simrun, "web", "--endpoint", embedded.address, "--address", "0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "beyond loopback" in refused.stderr and "Traceback" not in refused.stderr
+    with subprocess.Popen(
+        [simrun, "web", "--endpoint", embedded.address, "--address", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as alone:
+        try:
+            assert alone.stdout is not None
+            line = alone.stdout.readline()
+            url = re.search(r"is at (http://127\.0\.0\.1:\d+)", line)
+            assert url, line
+            link = subprocess.run(
+                [simrun, "ui", "--no-browser", "--web", url.group(1), "--token", embedded.token],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert link.returncode == 0, link.stderr
+            with requests.Session() as browser:
+                opened = browser.get(link.stdout.strip().splitlines()[-1])
+                assert opened.url == f"{url.group(1)}/runs" and "owner (owner)" in opened.text
+        finally:
+            alone.terminate()

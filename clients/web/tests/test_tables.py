@@ -70,3 +70,12 @@ def test_a_heatmap_is_chosen_only_where_each_pair_is_once(pairs: list[tuple[int,
     assert (kind == "heatmap") == (len(xs) > 1 and len(ys) > 1 and len(xs) * len(ys) <= 2 * len(pairs))
     doubled = Table(["x", "y", "v"], table.rows + table.rows)
     assert plot_kind(doubled, "x", "y") != "heatmap"
+
+
+def test_parallel_coordinates_fold_every_column_and_keep_a_line_per_run() -> None:
+    from simrun_web.tables import parallel_spec
+
+    rows = [{"run": "a", "fit.rate": 1.0, "fit.auc": 3.0}, {"run": "b", "fit.rate": 2.0, "fit.auc": None}]
+    spec = parallel_spec(rows, ["fit.rate", "fit.auc"])
+    assert spec["transform"][0] == {"fold": ["fit/rate", "fit/auc"]}
+    assert spec["data"]["values"] == [{"run": "a", "fit/rate": 1.0, "fit/auc": 3.0}, {"run": "b", "fit/rate": 2.0}]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import FastAPI, Form, Query, Request
+from fastapi import Depends, FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -40,6 +40,28 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
+
+
+class LoginNeeded(Exception):
+    """A request without a live session: a page is sent to the login page, a data request gets 401."""
+
+
+def wants_data(request: Request) -> bool:
+    """Whether a request asks for data (JSON or events) rather than a page: its errors are answered as JSON."""
+    path = request.url.path
+    return path.endswith((".json", "/events")) or path == "/login/links" or request.query_params.get("format") == "json"
+
+
+def logged_in_session(request: Request) -> Session:
+    """The request's session; without one, `LoginNeeded` (a page goes to the login page, data gets 401)."""
+    session: Session | None = request.app.state.sessions.get(request.cookies.get(COOKIE))
+    if session is None:
+        raise LoginNeeded
+    return session
+
+
+SessionOf = Annotated[Session, Depends(logged_in_session)]
+"""A route's logged-in session (FastAPI's dependency)."""
 
 
 @dataclass
@@ -176,6 +198,18 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         if not session.csrf_ok(csrf):
             raise InvalidArgument("the form is stale (its CSRF token does not match): reload the page and try again")
 
+    @app.exception_handler(LoginNeeded)
+    def login_needed(request: Request, exc: LoginNeeded) -> Response:
+        if wants_data(request):
+            return JSONResponse({"error": "log in first: `simrun ui` opens a logged-in page"}, status_code=401)
+        return login_redirect(request)
+
+    @app.exception_handler(SimrunError)
+    def simrun_error(request: Request, exc: SimrunError) -> Response:
+        if wants_data(request):
+            return JSONResponse({"error": str(exc)}, status_code=exc.http_status)
+        return failure(request, current(request), exc)
+
     def safe_next(target: str | None) -> str:
         return target if target and target.startswith("/") and not target.startswith("//") else "/runs"
 
@@ -232,21 +266,16 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
     @app.get("/runs", response_class=HTMLResponse)
     def runs_page(
         request: Request,
+        session: SessionOf,
         group: str = "",
         state: str = "",
         owner: str = "",
         page_token: str = "",
         format: str = "",
     ) -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            response = session.client.list_runs_page(
-                group or None, state or None, owner or None, page_size=PAGE_SIZE, page_token=page_token or None
-            )
-        except SimrunError as exc:
-            return failure(request, session, exc)
+        response = session.client.list_runs_page(
+            group or None, state or None, owner or None, page_size=PAGE_SIZE, page_token=page_token or None
+        )
         if format == "json":
             return JSONResponse(MessageToDict(response, preserving_proto_field_name=True))
         runs = [run_view(run) for run in response.runs]
@@ -267,10 +296,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
 
     def event_stream(session: Session, feeds: Callable[[], list[live.Feed]]) -> Response:
         name = session.identity.name
-        try:
-            streams.acquire(name)
-        except SimrunError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=exc.http_status)
+        streams.acquire(name)  # over a bound: ResourceExhausted, answered 429
         try:
             opened = feeds()
         except BaseException:
@@ -288,25 +314,16 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         return live.Feed(stream, lambda update: ("run", task_progress(update, started)))
 
     @app.get("/runs/events")
-    def runs_events(request: Request, ids: str = "") -> Response:
-        session = current(request)
-        if session is None:
-            return JSONResponse({"error": "log in first"}, status_code=401)
+    def runs_events(request: Request, session: SessionOf, ids: str = "") -> Response:
         run_ids = [i for i in ids.split(",") if i][:MAX_WATCHED_RUNS]
         return event_stream(session, lambda: [watch_feed(session, run_id) for run_id in run_ids])
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
-    def run_page(request: Request, run_id: str, format: str = "") -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            run = session.client.get_run(run_id)
-            if format == "json":
-                return JSONResponse(MessageToDict(run, preserving_proto_field_name=True))
-            outputs = session.client.outputs(run_id)
-        except SimrunError as exc:
-            return failure(request, session, exc)
+    def run_page(request: Request, session: SessionOf, run_id: str, format: str = "") -> Response:
+        run = session.client.get_run(run_id)
+        if format == "json":
+            return JSONResponse(MessageToDict(run, preserving_proto_field_name=True))
+        outputs = session.client.outputs(run_id)
         view = run_view(run)
         may_cancel = not view["final"] and (
             run.identity.name == session.identity.name or session.identity.kind == "owner"
@@ -344,33 +361,18 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         return MessageToDict(environment, preserving_proto_field_name=True)
 
     @app.get("/runs/{run_id}/events")
-    def run_events(request: Request, run_id: str) -> Response:
-        session = current(request)
-        if session is None:
-            return JSONResponse({"error": "log in first"}, status_code=401)
+    def run_events(request: Request, session: SessionOf, run_id: str) -> Response:
         return event_stream(session, lambda: [watch_feed(session, run_id)])
 
     @app.post("/runs/{run_id}/cancel")
-    def cancel(request: Request, run_id: str, csrf: str = Form("")) -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            check_form(request, session, csrf)
-            session.client.cancel(run_id)
-        except SimrunError as exc:
-            return failure(request, session, exc)
+    def cancel(request: Request, session: SessionOf, run_id: str, csrf: str = Form("")) -> Response:
+        check_form(request, session, csrf)
+        session.client.cancel(run_id)
         return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
     @app.get("/runs/{run_id}/tasks/{task_id}/logs", response_class=HTMLResponse)
-    def logs_page(request: Request, run_id: str, task_id: str, worker: str = "") -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            run = session.client.get_run(run_id)
-        except SimrunError as exc:
-            return failure(request, session, exc)
+    def logs_page(request: Request, session: SessionOf, run_id: str, task_id: str, worker: str = "") -> Response:
+        run = session.client.get_run(run_id)
         if task_id not in {t.task_id for t in run.tasks}:
             return failure(request, session, NotFound(f"run {run_id} has no task {task_id!r}"))
         query = urlencode({"worker": worker} if worker else {})
@@ -385,10 +387,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         )
 
     @app.get("/runs/{run_id}/tasks/{task_id}/logs/events")
-    def logs_events(request: Request, run_id: str, task_id: str, worker: str = "") -> Response:
-        session = current(request)
-        if session is None:
-            return JSONResponse({"error": "log in first"}, status_code=401)
+    def logs_events(request: Request, session: SessionOf, run_id: str, task_id: str, worker: str = "") -> Response:
 
         def feeds() -> list[live.Feed]:
             stream = followed.logs(session.client.token, run_id, task_id, worker=worker)
@@ -400,14 +399,8 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         return session.client.read_output_file(run_id, task_id, port, path, MAX_DOWNLOAD_BYTES)
 
     @app.get("/runs/{run_id}/outputs/{task_id}/{port}/{path:path}")
-    def download(request: Request, run_id: str, task_id: str, port: str, path: str) -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            data = read_file(session, run_id, task_id, port, path)
-        except SimrunError as exc:
-            return failure(request, session, exc)
+    def download(request: Request, session: SessionOf, run_id: str, task_id: str, port: str, path: str) -> Response:
+        data = read_file(session, run_id, task_id, port, path)
         filename = path.rsplit("/", 1)[-1].replace('"', "")
         # Never shown by the browser as a page: a run's file is the run's words, not the view's.
         return Response(
@@ -426,6 +419,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
     @app.get("/runs/{run_id}/tasks/{task_id}/table", response_class=HTMLResponse)
     def table_page(
         request: Request,
+        session: SessionOf,
         run_id: str,
         task_id: str,
         port: str,
@@ -434,19 +428,13 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         y: str = "",
         color: str = "",
     ) -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            table = load_table(session, run_id, task_id, port, path)
-            x = x or (table.columns[0] if table.columns else "")
-            y = y if y or len(table.columns) < 2 else table.columns[1]
-            if color == "" and len(table.columns) > 2 and tables.plot_kind(table, x, y) == "heatmap":
-                color = next((c for c in table.columns if c not in (x, y) and table.numeric(c)), "")
-            if x:
-                tables.plot_spec(table, x, y or None, color or None)  # refuses a column the table lacks
-        except SimrunError as exc:
-            return failure(request, session, exc)
+        table = load_table(session, run_id, task_id, port, path)
+        x = x or (table.columns[0] if table.columns else "")
+        y = y if y or len(table.columns) < 2 else table.columns[1]
+        if color == "" and len(table.columns) > 2 and tables.plot_kind(table, x, y) == "heatmap":
+            color = next((c for c in table.columns if c not in (x, y) and table.numeric(c)), "")
+        if x:
+            tables.plot_spec(table, x, y or None, color or None)  # refuses a column the table lacks
         chosen = {"port": port, "path": path, "x": x, "y": y, "color": color}
         base = f"/runs/{run_id}/tasks/{task_id}"
         return page(
@@ -466,26 +454,22 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
 
     @app.get("/runs/{run_id}/tasks/{task_id}/table.json")
     def table_spec(
-        request: Request, run_id: str, task_id: str, port: str, path: str, x: str, y: str = "", color: str = ""
+        request: Request,
+        session: SessionOf,
+        run_id: str,
+        task_id: str,
+        port: str,
+        path: str,
+        x: str,
+        y: str = "",
+        color: str = "",
     ) -> Response:
-        session = current(request)
-        if session is None:
-            return JSONResponse({"error": "log in first"}, status_code=401)
-        try:
-            table = load_table(session, run_id, task_id, port, path)
-            return JSONResponse(tables.plot_spec(table, x, y or None, color or None))
-        except SimrunError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=exc.http_status)
+        table = load_table(session, run_id, task_id, port, path)
+        return JSONResponse(tables.plot_spec(table, x, y or None, color or None))
 
     @app.get("/runs/{run_id}/tasks/{task_id}/table.csv")
-    def table_csv(request: Request, run_id: str, task_id: str, port: str, path: str) -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            table = load_table(session, run_id, task_id, port, path)
-        except SimrunError as exc:
-            return failure(request, session, exc)
+    def table_csv(request: Request, session: SessionOf, run_id: str, task_id: str, port: str, path: str) -> Response:
+        table = load_table(session, run_id, task_id, port, path)
         name = path.rsplit("/", 1)[-1].rsplit(".", 1)[0].replace('"', "") + ".csv"
         return Response(
             table.to_csv(), media_type="text/csv", headers={"Content-Disposition": f'attachment; filename="{name}"'}
@@ -499,18 +483,17 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
 
     @app.get("/compare", response_class=HTMLResponse)
     def compare_page(
-        request: Request, runs: Annotated[list[str] | None, Query()] = None, group: str = "", x: str = "", y: str = ""
+        request: Request,
+        session: SessionOf,
+        runs: Annotated[list[str] | None, Query()] = None,
+        group: str = "",
+        x: str = "",
+        y: str = "",
     ) -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
         runs = [r for value in runs or [] for r in value.replace(",", " ").split() if r]
         if not runs and not group:
             return page(request, "compare.html", session, compared=None, runs="", group="")
-        try:
-            compared = comparison(session, runs, group)
-        except SimrunError as exc:
-            return failure(request, session, exc)
+        compared = comparison(session, runs, group)
         settings = [f"{task}.{key}" for task, key, _ in compared["settings"]]
         summaries = [f"{row.task_id}.{row.key}" for row in compared["result"].rows]
         x = x if x in settings else (settings[0] if settings else "")
@@ -528,42 +511,42 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             x=x,
             y=y,
             spec_url=f"/compare/plot.json?{urlencode(query)}" if x and y else "",
+            parallel_url=f"/compare/parallel.json?{urlencode({'runs': ','.join(runs), 'group': group})}"
+            if len(compared["runs"]) > 1
+            else "",
         )
 
+    def compared_columns(session: Session, runs: str, group: str) -> tuple[list[str], dict[str, list[Any]]]:
+        """The runs compared and, per differing setting and summary (`task.key`), its value in each run."""
+        compared = comparison(session, [r for r in runs.split(",") if r], group)
+        columns: dict[str, list[Any]] = {f"{t}.{k}": [_json_value(v) for v in vs] for t, k, vs in compared["settings"]}
+        for row in compared["result"].rows:
+            columns[f"{row.task_id}.{row.key}"] = [_json_value(v) for v in row.values]
+        return list(compared["result"].run_ids), columns
+
     @app.get("/compare/plot.json")
-    def compare_plot(request: Request, x: str, y: str, runs: str = "", group: str = "") -> Response:
-        session = current(request)
-        if session is None:
-            return JSONResponse({"error": "log in first"}, status_code=401)
-        try:
-            compared = comparison(session, [r for r in runs.split(",") if r], group)
-        except SimrunError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=exc.http_status)
-        columns: dict[str, list[str]] = {f"{t}.{k}": v for t, k, v in compared["settings"]}
-        columns.update({f"{row.task_id}.{row.key}": list(row.values) for row in compared["result"].rows})
+    def compare_plot(request: Request, session: SessionOf, x: str, y: str, runs: str = "", group: str = "") -> Response:
+        run_ids, columns = compared_columns(session, runs, group)
         if x not in columns or y not in columns:
             return JSONResponse({"error": f"no setting {x!r} or summary {y!r} in these runs"}, status_code=400)
-        rows = []
-        for index, run_id in enumerate(compared["result"].run_ids):
-            point = {"run": run_id, x: _json_value(columns[x][index]), y: _json_value(columns[y][index])}
-            if point[x] is not None and point[y] is not None:
-                rows.append(point)
-        return JSONResponse(tables.scatter_spec(rows, x, y))
+        points = [{"run": run_id, x: columns[x][i], y: columns[y][i]} for i, run_id in enumerate(run_ids)]
+        return JSONResponse(tables.scatter_spec([p for p in points if p[x] is not None and p[y] is not None], x, y))
+
+    @app.get("/compare/parallel.json")
+    def compare_parallel(request: Request, session: SessionOf, runs: str = "", group: str = "") -> Response:
+        run_ids, columns = compared_columns(session, runs, group)
+        numeric = [name for name, values in columns.items() if _numeric(values)]
+        rows = [{"run": run_id, **{name: columns[name][i] for name in numeric}} for i, run_id in enumerate(run_ids)]
+        return JSONResponse(tables.parallel_spec(rows, numeric))
 
     @app.get("/cluster", response_class=HTMLResponse)
-    def cluster_page(request: Request) -> Response:
-        session = current(request)
-        if session is None:
-            return login_redirect(request)
-        try:
-            nodes = session.client.nodes()
-            active = [
-                run_view(run)
-                for state in ("running", "queued")
-                for run in session.client.list_runs(state=run_state(state), page_size=200)
-            ]
-        except SimrunError as exc:
-            return failure(request, session, exc)
+    def cluster_page(request: Request, session: SessionOf) -> Response:
+        nodes = session.client.nodes()
+        active = [
+            run_view(run)
+            for state in ("running", "queued")
+            for run in session.client.list_runs(state=run_state(state), page_size=200)
+        ]
         by_identity: dict[str, dict[str, int]] = {}
         for run in active:
             counts = by_identity.setdefault(run["owner"], {"running": 0, "queued": 0, "pods": 0})
@@ -583,11 +566,17 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         ]
         return page(request, "cluster.html", session, nodes=node_views, active=active, by_identity=by_identity)
 
-    @app.exception_handler(SimrunError)
-    def simrun_error(request: Request, exc: SimrunError) -> Response:
-        return failure(request, current(request), exc)
-
     return app
+
+
+def _numeric(values: list[Any]) -> bool:
+    """Whether a column of the comparison is a number in every run that has it, and not the same in all."""
+    present = [v for v in values if v is not None]
+    return (
+        len(present) > 1
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
+        and len(set(present)) > 1
+    )
 
 
 def _json_value(text: str) -> Any:

@@ -193,3 +193,44 @@ def scatter_spec(rows: list[dict[str, Any]], x: str, y: str) -> dict[str, Any]:
         },
         "usermeta": {"kind": "scatter", "rows": len(rows)},
     }
+
+
+def parallel_spec(rows: list[dict[str, Any]], columns: list[str]) -> dict[str, Any]:
+    """Parallel coordinates of runs over several numeric columns (settings and summaries), a line per run, each
+    axis scaled to its own range."""
+    axes = {column: column.replace(".", "/") for column in columns}  # fold reads a dot as a path
+    values = [{"run": row["run"], **{axes[c]: row[c] for c in columns if row.get(c) is not None}} for row in rows]
+    return {
+        "$schema": "https://vega.github.io/schema/vega-lite/v6.json",
+        "width": 640,
+        "height": 320,
+        "data": {"values": values},
+        "transform": [
+            {"fold": list(axes.values())},
+            {
+                "joinaggregate": [
+                    {"op": "min", "field": "value", "as": "low"},
+                    {"op": "max", "field": "value", "as": "high"},
+                ],
+                "groupby": ["key"],
+            },
+            {
+                "calculate": "datum.high == datum.low ? 0.5 : (datum.value - datum.low) / (datum.high - datum.low)",
+                "as": "scaled",
+            },
+        ],
+        "layer": [
+            {"mark": {"type": "rule", "color": "#bbb"}, "encoding": {"x": {"field": "key", "type": "nominal"}}},
+            {
+                "mark": {"type": "line", "point": True, "tooltip": True},
+                "encoding": {
+                    "x": {"field": "key", "type": "nominal", "title": None, "sort": list(axes.values())},
+                    "y": {"field": "scaled", "type": "quantitative", "axis": None},
+                    "color": {"field": "run", "type": "nominal"},
+                    "detail": {"field": "run"},
+                    "tooltip": [{"field": "run"}, {"field": "key"}, {"field": "value"}],
+                },
+            },
+        ],
+        "usermeta": {"kind": "parallel", "rows": len(values)},
+    }
