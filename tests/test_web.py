@@ -345,6 +345,13 @@ def test_markup_in_a_setting_or_a_message_is_text_and_runs_nothing(owner: Any, s
     assert note in owner.find_element("css selector", "pre.workflow").text
     owner.get(f"http://{served.web}/runs/{run_id}/tasks/grid/logs")
     wait_for(lambda: note in _text(owner, "log"), 30, "the note in the log")
+    shown = served.submit("markup-table", {"xs": [1, 2], "ys": [1.0, 2.0], "note": note})
+    served.wait(shown, "succeeded")
+    owner.get(f"http://{served.web}/runs/{shown}/tasks/grid/table?port=grid&path=grid.csv")
+    wait_for(lambda: owner.find_element("id", "plot").get_attribute("data-ready") == "true", 30, "the plot")
+    cells = {cell.text for cell in owner.find_elements("css selector", "table.preview td")}
+    assert note in cells  # a table's cell, as text
+    owner.get(f"http://{served.web}/compare?runs={run_id},{shown}")
     owner.get(f"http://{served.web}/runs?group=webtest")
     assert owner.execute_script("return window.simrunPwned === undefined")
     assert owner.find_elements("css selector", "main img, main script") == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import time
 from typing import Any
@@ -109,7 +110,7 @@ class GridSettings(TaskSettings):
 
 class Grid(SplitTaskType):
     """A two-parameter scan: unit i is the point (xs[i % len(xs)], ys[i // len(xs)]), its value x*x + y; the merge
-    writes grid.csv (x, y, value), one row per unit, and fails with `fail_with` as its message when that is set."""
+    writes grid.csv (x, y, value, note), one row per unit, and fails with `fail_with` as its message when set."""
 
     Settings = GridSettings
     outputs = ("grid",)
@@ -128,6 +129,8 @@ class Grid(SplitTaskType):
         if settings.fail_with:
             raise RuntimeError(settings.fail_with)
         points = [json.loads((path / "point.json").read_text()) for _, path in merge.units()]
-        lines = ["x,y,value", *(f"{p['x']!r},{p['y']!r},{p['value']!r}" for p in points)]
-        (merge.outputs["grid"] / "grid.csv").write_text("\n".join(lines) + "\n")
+        with (merge.outputs["grid"] / "grid.csv").open("w", newline="") as table:
+            writer = csv.writer(table, lineterminator="\n")
+            writer.writerow(["x", "y", "value", "note"])
+            writer.writerows([p["x"], p["y"], p["value"], settings.note] for p in points)
         return {"max": max(p["value"] for p in points), "points": len(points), "note": settings.note}
