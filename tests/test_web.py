@@ -256,6 +256,8 @@ def test_the_cluster_page_shows_the_nodes_and_who_holds_them(owner: Any, served:
     owner.get(f"http://{served.web}/cluster")
     assert "node-a" in _text(owner, "nodes")
     wait_for(lambda: "alice" in _text(owner, "holders"), 5, "alice among the holders")
+    # The holder's one pod of 2 cores (its plan), of the node's 2.
+    assert _text(owner, "in-use").startswith("The running tasks' 1 pod holds, as planned, 2 of 2 cores and 1 of 8 GiB")
     shoot(owner, "cluster")
     served.cli("cancel", run_id)
 

@@ -547,11 +547,20 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             for state in ("running", "queued")
             for run in session.client.list_runs(state=run_state(state), page_size=200)
         ]
-        by_identity: dict[str, dict[str, int]] = {}
+        by_identity: dict[str, dict[str, float]] = {}
         for run in active:
-            counts = by_identity.setdefault(run["owner"], {"running": 0, "queued": 0, "pods": 0})
-            counts[run["state"]] = counts.get(run["state"], 0) + 1
-            counts["pods"] += sum(t.get("pods_started", 0) for t in run.get("tasks", []) if t["state"] == "running")
+            counts = by_identity.setdefault(
+                run["owner"], {"running": 0, "queued": 0, "pods": 0, "cores": 0, "memory_gb": 0}
+            )
+            counts[run["state"]] += 1
+            for task in run.get("tasks", []):
+                if task["state"] != "running":
+                    continue
+                shape = (task.get("plan") or {}).get("shape") or {}
+                counts["pods"] += task["pods_started"]
+                counts["cores"] += task["pods_started"] * shape.get("cores", 0)
+                counts["memory_gb"] += task["pods_started"] * shape.get("memory_gb", 0)
+        in_use = {key: sum(c[key] for c in by_identity.values()) for key in ("pods", "cores", "memory_gb")}
         # Kueue's order: the owner's first, other people's next, agents' last; a higher one waiting takes back
         # capacity from the running runs of the lowest priority first.
         rank = {"owner": 0, "standard": 1, "agent": 2}
@@ -564,7 +573,20 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         node_views = [
             MessageToDict(n, preserving_proto_field_name=True, always_print_fields_with_no_presence=True) for n in nodes
         ]
-        return page(request, "cluster.html", session, nodes=node_views, active=active, by_identity=by_identity)
+        total = {
+            "cores": sum(n.allocatable_cores or n.cores for n in nodes),
+            "memory_gb": sum(n.allocatable_memory_gb or n.memory_gb for n in nodes),
+        }
+        return page(
+            request,
+            "cluster.html",
+            session,
+            nodes=node_views,
+            active=active,
+            by_identity=by_identity,
+            in_use=in_use,
+            total=total,
+        )
 
     return app
 
