@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import stat
 from datetime import UTC, datetime, timedelta
@@ -15,12 +17,14 @@ from simrun_core.key_index import KeyIndex, ReuseSource
 from simrun_core.reuse import (
     KeyInputs,
     ReusePolicy,
+    UnitDescription,
     link_outputs,
     may_reuse,
     reuse_message,
     seed_ledger,
     snapshot_key,
     task_keys,
+    unit_keys,
 )
 from simrun_runtime.layout import StoreLayout, TaskLayout
 from simrun_runtime.ledger import Ledger, UnitRange, create_ledger
@@ -524,4 +528,85 @@ def test_a_run_s_rows_are_added_and_changed_as_its_tasks_end(tmp_path):
     other.execute("COMMIT")
     index.flush()  # queued again (by this flush or the writer's), and written now
     assert index._db.execute(rows).fetchall() == [("fit", "k-fit", "succeeded"), ("scan", "k2", "succeeded")]
+    index.close()
+
+
+def digests(*values: object) -> list[str]:
+    return [hashlib.sha256(json.dumps(v).encode()).hexdigest() for v in values]
+
+
+def study(seeds: list[int], snapshots: tuple[str, ...] = ("snap-1",)) -> dict[str, list[str]]:
+    """Unit keys of a training task (a unit per seed) and an evaluation task reading it (a unit per policy and
+    seed; the learned policy's units read their seed's training unit)."""
+    tasks = {
+        "train": KeyInputs("m:Train", {"seeds": seeds}, {}, True),
+        "evaluate": KeyInputs("m:Evaluate", {"seeds": seeds}, {"policies": "train.policies"}, True),
+    }
+    order = ["train", "evaluate"]
+    keys = task_keys(order, tasks, snapshots, "env-1")
+    pairs = [(policy, seed) for policy in ("fixed", "learned") for seed in seeds]
+    reads = [{"policies": [seeds.index(seed)]} if policy == "learned" else {} for policy, seed in pairs]
+    units = {
+        "train": UnitDescription(digests(*seeds)),
+        "evaluate": UnitDescription(digests(*pairs), reads),
+    }
+    found = unit_keys(order, tasks, units, snapshots, "env-1", keys)
+    assert (
+        keys["train"]
+        != task_keys(order, {**tasks, "train": KeyInputs("m:Train", {"seeds": [9]}, {}, True)}, snapshots, "env-1")[
+            "train"
+        ]
+    )
+    return {task_id: found[task_id].keys for task_id in order}
+
+
+def test_unit_keys_stay_when_settings_add_units_and_change_with_the_code():
+    two, three = study([1, 2]), study([1, 2, 3])
+    assert three["train"][:2] == two["train"]
+    # fixed 1, fixed 2 | learned 1, learned 2 keep their keys although the training task's key changed.
+    assert set(two["evaluate"]) <= set(three["evaluate"])
+    assert len(set(three["evaluate"])) == 6
+    other_code = study([1, 2, 3], snapshots=("snap-2",))
+    assert not set(other_code["evaluate"]) & set(three["evaluate"])
+    assert not set(other_code["train"]) & set(three["train"])
+
+
+def test_a_unit_reading_an_upstream_unit_that_does_not_exist_is_refused():
+    tasks = {
+        "train": KeyInputs("m:Train", {}, {}, True),
+        "evaluate": KeyInputs("m:Evaluate", {}, {"policies": "train.policies"}, True),
+    }
+    keys = task_keys(["train", "evaluate"], tasks, ("s",), "e")
+    units = {"train": UnitDescription(digests(1)), "evaluate": UnitDescription(digests(1), [{"policies": [3]}])}
+    with pytest.raises(InvalidArgument, match="reads unit 3 of task train, which has 1 units"):
+        unit_keys(["train", "evaluate"], tasks, units, ("s",), "e", keys)
+
+
+def test_units_are_seeded_where_their_unit_keys_now_are(tmp_path):
+    store = StoreLayout(tmp_path)
+    source, dest = store.run("r1").task("scan"), store.run("r2").task("scan")
+    compute(source, 4, [0, 1, 3])
+    # New units 0..5; new 1 is old 0, new 3 is old 1, new 5 is old 2 (not done), new 4 is old 3.
+    assert seed_ledger(source, dest, 6, {1: 0, 3: 1, 5: 2, 4: 3}) == 3
+    ledger = Ledger.of(dest)
+    assert sorted(ledger.pending_indices()) == [0, 2, 5]
+    assert (ledger.layout.result(1) / "value.json").read_text() == "0"
+    assert (ledger.layout.result(3) / "value.json").read_text() == "1"
+    assert (ledger.layout.result(4) / "value.json").read_text() == "9"
+
+
+def test_the_index_finds_units_by_scope_only_with_their_unit_keys(tmp_path):
+    store = StoreLayout(tmp_path)
+    record = save_run(store, "r1", BOB, TaskState.SUCCEEDED, units=[0, 1, 2])
+    record.tasks["scan"].unit_scope = "scope-a"
+    record.save(store.run("r1"))
+    index = KeyIndex(store, tmp_path / "keys.sqlite")
+    index.rebuild(all_records(store))
+    assert index.find_units("scope-a", BOB) is None  # no unit keys file: its units cannot be placed
+    store.run("r1").unit_keys("scan").parent.mkdir()
+    store.run("r1").unit_keys("scan").write_text("a\nb\nc\n")
+    assert index.find_units("scope-a", BOB) == ReuseSource("r1", "scan", [0, 1, 2], by_unit_keys=True)
+    assert index.find_units("scope-b", BOB) is None
+    assert index.find_units("scope-a", CAROL_AGENT) is None
+    assert index.find_units("scope-a", BOB, ReusePolicy.NEVER) is None
     index.close()

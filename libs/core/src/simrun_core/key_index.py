@@ -34,12 +34,14 @@ CREATE TABLE IF NOT EXISTS task_keys (
     state TEXT NOT NULL,
     split INTEGER NOT NULL,
     ended_at TEXT NOT NULL DEFAULT '',
+    scope TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (run_id, task_id)
 );
 DROP INDEX IF EXISTS task_keys_by_key;
 CREATE INDEX IF NOT EXISTS task_keys_by_key_newest ON task_keys (key, ended_at, run_id, task_id);
+CREATE INDEX IF NOT EXISTS task_keys_by_scope_newest ON task_keys (scope, ended_at, run_id, task_id) WHERE scope != '';
 """
-_PUT_ROW = "INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?)"
+_PUT_ROW = "INSERT OR REPLACE INTO task_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,8 @@ class ReuseSource:
     run_id: str
     task_id: str
     units: list[int] | None = None
+    by_unit_keys: bool = False
+    """Found by unit scope (`find_units`): its units go where the new task's unit keys equal theirs."""
 
     @property
     def partial(self) -> bool:
@@ -128,6 +132,9 @@ class KeyIndex:
         self._store = store
         self._path = str(path)
         self._db = self._connect()
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(task_keys)")}
+        if columns and "scope" not in columns:
+            self._db.execute("DROP TABLE task_keys")  # a cache of an older layout: `rebuild` fills it again
         self._db.executescript(_SCHEMA)
         self._write_lock = threading.Lock()
         """One transaction of this process at a time (the writer thread's, `rebuild`'s): SQLite's own locking
@@ -248,6 +255,43 @@ class KeyIndex:
                         return ReuseSource(run_id, task_id, units)
         return None
 
+    def find_units(
+        self,
+        scope: str,
+        caller: Identity,
+        policy: ReusePolicy = ReusePolicy.ANY,
+        resume_from: str | None = None,
+        exclude_run: str | None = None,
+        load: Callable[[str], RunRecord | None] | None = None,
+        read_policy: ReadPolicy | None = None,
+    ) -> ReuseSource | None:
+        """The newest ended split task of unit scope `scope` whose done units and unit keys a new task of other
+        settings may take (the run resumed first), or None; only runs `caller` may read, checked as `find` does.
+        """
+        if policy is ReusePolicy.NEVER or (policy is ReusePolicy.SAME_RUN and not resume_from) or not scope:
+            return None
+        only = resume_from if policy is ReusePolicy.SAME_RUN else None
+        load = load or self._load
+        query = _Query(
+            scope, _REUSABLE_STATES, True, reusable_principal(caller, read_policy), exclude_run, column="scope"
+        )
+        for run_id, task_id in self._candidates(query, resume_from, only):
+            record = load(run_id)
+            task = record.tasks.get(task_id) if record is not None else None
+            if (
+                record is None
+                or task is None
+                or task.unit_scope != scope
+                or task.state.value not in _REUSABLE_STATES
+                or not may_reuse(caller, record.identity, read_policy)
+                or not self._store.run(run_id).unit_keys(task_id).is_file()
+            ):
+                continue
+            units = done_units(self._store.run(run_id).task(task_id))
+            if units:
+                return ReuseSource(run_id, task_id, units, by_unit_keys=True)
+        return None
+
     def _candidates(self, query: _Query, resume_from: str | None, only: str | None) -> Iterator[tuple[str, str]]:
         """The (run, task) rows that `query` matches, the rows of `resume_from` first, then the others newest
         first; read a page at a time, so a long history is read only as far as it is used.
@@ -320,8 +364,8 @@ class KeyIndex:
             return None
 
 
-_Row = tuple[str, str, str, str, str, int, str]
-"""A row of `task_keys`: key, run, task, principal, state, split, ended."""
+_Row = tuple[str, str, str, str, str, int, str, str]
+"""A row of `task_keys`: key, run, task, principal, state, split, ended, unit scope."""
 _COLUMNS = "SELECT ended_at, run_id, task_id FROM task_keys WHERE "
 
 
@@ -334,10 +378,12 @@ class _Query:
     split_only: bool
     person: str | None
     exclude_run: str | None
+    column: str = "key"
+    """What `key` is matched against: the task key, or a split task's unit scope (`scope`)."""
 
     def where(self) -> tuple[str, tuple[object, ...]]:
         """The query as SQL and its parameters."""
-        where = f"key = ? AND state IN ({', '.join('?' * len(self.states))})"
+        where = f"{self.column} = ? AND state IN ({', '.join('?' * len(self.states))})"
         parameters: tuple[object, ...] = (self.key, *self.states)
         if self.split_only:
             where += " AND split = 1"
@@ -351,9 +397,9 @@ class _Query:
 
     def matches(self, row: _Row) -> bool:
         """Whether a row in memory is one the SQL would find."""
-        key, run_id, _, principal, state, split, _ = row
+        key, run_id, _, principal, state, split, _, scope = row
         return (
-            key == self.key
+            (scope if self.column == "scope" else key) == self.key
             and state in self.states
             and (bool(split) or not self.split_only)
             and (self.person is None or principal == self.person)
@@ -371,4 +417,13 @@ def _rows(record: RunRecord) -> Iterable[_Row]:
 def _row(record: RunRecord, task: TaskRecord) -> _Row:
     ended = (task.ended_at or record.ended_at or record.updated_at).isoformat()
     who = principal(record.identity)
-    return (task.key or "", record.run_id, task.task_id, who, task.state.value, int(task.split), ended)
+    return (
+        task.key or "",
+        record.run_id,
+        task.task_id,
+        who,
+        task.state.value,
+        int(task.split),
+        ended,
+        task.unit_scope or "",
+    )

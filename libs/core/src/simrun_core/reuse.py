@@ -200,6 +200,93 @@ def task_keys(
     return keys
 
 
+@dataclass(frozen=True)
+class UnitDescription:
+    """What a split task's type says of its units for unit keys: each unit's `unit_key` digest, and the upstream
+    units each reads per input port (None: not declared, so each may read them all)."""
+
+    digests: list[str]
+    reads: list[dict[str, list[int]]] | None = None
+
+
+@dataclass(frozen=True)
+class UnitKeys:
+    """A split task's unit keys: its scope (everything a unit key holds but the unit's own part: type, snapshots,
+    environment, upstream) and one key per unit. Equal unit keys give equal unit results."""
+
+    scope: str
+    keys: list[str]
+
+
+def unit_keys(
+    order: Iterable[str],
+    tasks: Mapping[str, KeyInputs],
+    units: Mapping[str, UnitDescription],
+    snapshot_ids: Iterable[str],
+    environment: str | None,
+    keys: Mapping[str, str | None],
+) -> dict[str, UnitKeys]:
+    """The unit keys of every split task whose type gives them (`units`), in `order` (upstream first).
+
+    A unit key is the SHA-256 of the task's scope and the unit's `unit_key` digest, and for each input port whose
+    reads the type declares, the keys of the upstream units it reads (when the upstream task has unit keys; else
+    the upstream task's key is in the scope). The task's own settings are not in it: the type's `unit_key` says
+    which of them a unit depends on. A task reading an uncacheable task (key None) has no unit keys.
+
+    Raises:
+        InvalidArgument: a unit declares an upstream unit the upstream task does not have.
+    """
+    snapshots = list(snapshot_ids)
+    result: dict[str, UnitKeys] = {}
+    for task_id in order:
+        described = units.get(task_id)
+        task = tasks[task_id]
+        if described is None or not task.split or keys.get(task_id) is None:
+            continue
+        inputs: dict[str, Any] = {}
+        by_unit: dict[str, tuple[str, list[str]]] = {}
+        for port, ref in task.inputs.items():
+            upstream, _, upstream_port = ref.partition(".")
+            if keys.get(upstream) is None:
+                break
+            if described.reads is not None and upstream in result:
+                inputs[port] = {"scope": result[upstream].scope, "port": upstream_port}
+                by_unit[port] = (upstream, result[upstream].keys)
+            else:
+                inputs[port] = {"key": keys[upstream], "port": upstream_port}
+        else:
+            material = {
+                "version": KEY_VERSION,
+                "units-of": task.type,
+                "snapshots": snapshots,
+                "environment": environment_key(environment),
+                "inputs": inputs,
+            }
+            scope = hashlib.sha256(canonical_json(material).encode()).hexdigest()
+            result[task_id] = UnitKeys(scope, _unit_keys_in(task_id, scope, described, by_unit))
+    return result
+
+
+def _unit_keys_in(
+    task_id: str, scope: str, described: UnitDescription, by_unit: Mapping[str, tuple[str, list[str]]]
+) -> list[str]:
+    keys = []
+    for index, digest in enumerate(described.digests):
+        reads: dict[str, list[str]] = {}
+        declared = described.reads[index] if described.reads is not None else {}
+        for port, (upstream, upstream_keys) in by_unit.items():
+            wanted = declared.get(port, [])
+            if any(j >= len(upstream_keys) for j in wanted):
+                raise InvalidArgument(
+                    f"task {task_id}: unit {index} reads unit {max(wanted)} of task {upstream}, which has "
+                    f"{len(upstream_keys)} units: fix the type's unit_inputs"
+                )
+            reads[port] = [upstream_keys[j] for j in wanted]
+        material = canonical_json({"scope": scope, "unit": digest, "reads": reads})
+        keys.append(hashlib.sha256(material.encode()).hexdigest())
+    return keys
+
+
 def principal(identity: Identity | RecordIdentity) -> str:
     """The person an identity stands for: the person themselves, or the one an agent acts for."""
     return identity.on_behalf_of or identity.name
@@ -304,17 +391,25 @@ def _runs(indices: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
+def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int, indices: Mapping[int, int] | None = None) -> int:
     """Creates `dest`'s ledger of `count` units with the units done in `source` already done: their values
     copied into a log of the new ledger and their files copied (never linked: the new run's pods may write their
-    task's folder); only the others stay pending. Returns how
+    task's folder); only the others stay pending. `indices` maps a new unit's index to the earlier unit whose
+    result it takes (equal unit keys); without it each unit takes the earlier one of its own index. Returns how
     many units were seeded (0: a miss, nothing created).
 
     Safe because a unit's result depends on the settings, its index, the code and the environment only, which is
-    the task key; the caller checks the keys are equal. Goes through the runtime's own ledger (create, claim,
-    split, append values, place results, mark done, release), so the ledger stays in the runtime's layout.
+    the task key (or on what its unit key holds); the caller checks the keys are equal. Goes through the runtime's
+    own ledger (create, claim, split, append values, place results, mark done, release), so the ledger stays in
+    the runtime's layout.
     """
-    units = [index for index in done_units(source) if index < count]
+    done = done_units(source)
+    if indices is None:
+        indices = {index: index for index in done if index < count}
+    else:
+        done_set = set(done)
+        indices = {new: old for new, old in indices.items() if new < count and old in done_set}
+    units = sorted(indices)
     if not units or Ledger.of(dest).exists():
         return 0
     source_ledger = Ledger.of(source)
@@ -326,6 +421,7 @@ def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
     seeded_runs = _runs(units)
     seeded = 0
     progress = ProgressLog(dest.progress)
+    earlier = _Earlier(source_ledger, values, covered, indices)
     try:
         for pending in ledger.pending_ranges():
             if not ledger.claim(pending, SEED_WORKER):
@@ -350,7 +446,7 @@ def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
             pieces.append(rest)
             for piece in pieces:
                 if any(first <= piece.first and piece.last <= last for first, last in seeded_runs):
-                    seeded += _seed_piece(ledger, source_ledger, piece, values, covered, log, progress)
+                    seeded += _seed_piece(ledger, earlier, piece, log, progress)
                 else:
                     ledger.release(piece, SEED_WORKER)
     finally:
@@ -358,21 +454,30 @@ def seed_ledger(source: TaskLayout, dest: TaskLayout, count: int) -> int:
     return seeded
 
 
-def _seed_piece(
-    ledger: Ledger, source: Ledger, piece: Any, values: list[Any], covered: Any, log: Path, progress: ProgressLog
-) -> int:
+@dataclass(frozen=True)
+class _Earlier:
+    """The earlier ledger seeded from: its values, which of them it has, and the earlier unit of each new one."""
+
+    ledger: Ledger
+    values: list[Any]
+    covered: Any
+    indices: Mapping[int, int]
+
+
+def _seed_piece(ledger: Ledger, earlier: _Earlier, piece: Any, log: Path, progress: ProgressLog) -> int:
     """Puts one claimed piece's earlier results in place and marks it done; the number of units it holds.
 
     Its progress line (no seconds: computed by an earlier run) goes before the done rename, as a worker's does, so
     the run's units done count the seeded units too.
     """
-    if all(index in covered for index in piece.indices()):
-        ledger.append_values(log, piece, values[piece.first : piece.last + 1])
-    for index in piece.indices():
-        if source.has_result(index):
+    olds = [earlier.indices[index] for index in piece.indices()]
+    if all(old in earlier.covered for old in olds):
+        ledger.append_values(log, piece, [earlier.values[old] for old in olds])
+    for index, old in zip(piece.indices(), olds, strict=True):
+        if earlier.ledger.has_result(old):
             tmp = ledger.layout.result_tmp(index, SEED_WORKER, os.getpid())
             try:
-                shutil.copytree(source.layout.result(index), tmp, symlinks=True)
+                shutil.copytree(earlier.ledger.layout.result(old), tmp, symlinks=True)
             except FileNotFoundError:
                 shutil.rmtree(tmp, ignore_errors=True)
                 continue

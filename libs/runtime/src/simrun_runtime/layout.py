@@ -289,6 +289,11 @@ class RunLayout:
     def task(self, task_id: str) -> TaskLayout:
         return TaskLayout(self.tasks / task_id)
 
+    def unit_keys(self, task_id: str) -> Path:
+        """A split task's unit keys, one SHA-256 hex a line in unit order (only of a type that gives unit keys):
+        what lets a later run with other settings reuse its units."""
+        return self.root / "unit-keys" / f"{task_id}.txt"
+
     @property
     def store(self) -> StoreLayout:
         """The store this run lives in (`runs/<id>` is two levels below its root)."""

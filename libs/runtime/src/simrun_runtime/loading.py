@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,13 @@ class TypeDescription(BaseModel):
         description="The type's own time limit of a unit (an unsplit type: its run), seconds (None: none declared).",
     )
     unit_retries: int | None = Field(default=None, description="How often a split type retries a failed unit.")
+    unit_keys: list[str] | None = Field(
+        default=None,
+        description="Per unit, the SHA-256 of its `unit_key` as canonical JSON (None: the type gives no unit keys).",
+    )
+    unit_inputs: list[dict[str, list[int]]] | None = Field(
+        default=None, description="Per unit, the upstream units it reads per input port (None: not declared)."
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -168,7 +177,71 @@ def describe_type(
     description.cost_value = task_type.cost_value(validated)
     if isinstance(task_type, SplitTaskType):
         description.units = count_units(task_type, validated, name)
+        if type(task_type).unit_key is not SplitTaskType.unit_key:
+            description.unit_keys, description.unit_inputs = unit_keys(
+                task_type, validated, name, description.units, cls.inputs
+            )
     return description
+
+
+def unit_keys(
+    task_type: SplitTaskType, settings: BaseModel, name: str, count: int, inputs: Sequence[str]
+) -> tuple[list[str] | None, list[dict[str, list[int]]] | None]:
+    """Each unit's `unit_key` digest and, when the type declares them, the upstream units each reads; (None, None)
+    when the type returns None for a unit (then it has no unit keys for these settings).
+
+    Raises:
+        TaskTypeError: `unit_key` or `unit_inputs` failed, gave a value that is not JSON, named a port the type
+            does not read, or an index that is not an integer ≥ 0.
+    """
+    keys: list[str] = []
+    reads: list[dict[str, list[int]]] = []
+    declared = type(task_type).unit_inputs is not SplitTaskType.unit_inputs
+    for index in range(count):
+        try:
+            value = task_type.unit_key(settings, index)
+            wanted = task_type.unit_inputs(settings, index) if declared else None
+        except Exception as exc:
+            raise TaskTypeError(
+                f"unit_key of task type {name!r} failed for unit {index}: {type(exc).__name__}: {exc}"
+            ) from exc
+        if value is None:
+            return None, None
+        try:
+            text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TaskTypeError(
+                f"unit_key of task type {name!r} gave unit {index} a value that is not JSON ({exc}): return "
+                "numbers, strings, lists and dicts"
+            ) from None
+        keys.append(hashlib.sha256(text.encode()).hexdigest())
+        if declared:
+            reads.append(_unit_reads(wanted, name, index, inputs))
+    return keys, (reads if declared else None)
+
+
+def _unit_reads(wanted: Any, name: str, index: int, inputs: Sequence[str]) -> dict[str, list[int]]:
+    """One unit's `unit_inputs`, checked: known ports, integer indices ≥ 0."""
+    if wanted is None:
+        wanted = {}
+    if not isinstance(wanted, Mapping):
+        raise TaskTypeError(f"unit_inputs of task type {name!r} must map input ports to unit indices")
+    reads = {}
+    for port, indices in wanted.items():
+        if port not in inputs:
+            raise TaskTypeError(
+                f"unit_inputs of task type {name!r} names port {port!r} for unit {index}; its inputs: "
+                f"{', '.join(inputs) or 'none'}"
+            )
+        if isinstance(indices, (str, bytes)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices
+        ):
+            raise TaskTypeError(
+                f"unit_inputs of task type {name!r} gave unit {index} port {port!r} {indices!r}: give unit "
+                "indices (integers ≥ 0)"
+            )
+        reads[str(port)] = sorted(set(indices))
+    return reads
 
 
 def count_units(task_type: SplitTaskType, settings: BaseModel, name: str) -> int:

@@ -127,6 +127,10 @@ class TaskRecord(BaseModel):
     started_at: datetime | None = None
     ended_at: datetime | None = None
     key: str | None = Field(default=None, description="The task key (sha256 hex): equal keys give equal results.")
+    unit_scope: str | None = Field(
+        default=None,
+        description="A split task's unit-key scope (sha256 hex), when its type gives unit keys (`unit-keys/`).",
+    )
     reused_from: ReusedFrom | None = None
     traceparent: str | None = Field(default=None, description="The task's span, its pods' TRACEPARENT.")
 

@@ -6,7 +6,7 @@ import difflib
 import json
 import re
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -255,6 +255,19 @@ class SplitTaskType(TaskType):
     def merge(self, settings: Any, merge: MergeContext) -> dict[str, Any]:
         """Combines the results of every unit into `merge.outputs[port]`; returns the task's summary."""
         raise NotImplementedError
+
+    def unit_key(self, settings: Any, index: int) -> Any:
+        """What unit `index`'s result depends on among the settings, as a JSON value (e.g. the scanned point and
+        the settings every unit reads), or None (the default: no unit keys). With unit keys, a run whose settings
+        differ (a scan with one more point) reuses every earlier unit of the same code and environment whose
+        key is equal, at whatever index it now has."""
+        return None
+
+    def unit_inputs(self, settings: Any, index: int) -> Mapping[str, Sequence[int]] | None:
+        """The units of each upstream split task (input port -> unit indices) whose results unit `index` reads
+        from that port's merged output, or None (the default: it may read all of them). Used only with unit
+        keys: a declared unit's key then holds those upstream units' keys instead of the upstream task's key."""
+        return None
 
 
 class UnsplitTaskType(TaskType):

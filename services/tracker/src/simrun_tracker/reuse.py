@@ -22,12 +22,15 @@ from simrun_core.reuse import (
     KeyInputs,
     ReusePolicy,
     SnapshotContent,
+    UnitDescription,
+    UnitKeys,
     link_outputs,
     may_reuse,
     reuse_message,
     seed_ledger,
     snapshot_key,
     task_keys,
+    unit_keys,
 )
 from simrun_runtime.layout import NAME, RunLayout, StoreLayout
 from simrun_runtime.record import Identity as RecordIdentity
@@ -162,6 +165,46 @@ def keys_of(snapshots: SnapshotKeys, record: RunRecord, planned: list[PlannedTas
     return keys
 
 
+def unit_keys_of(snapshots: SnapshotKeys, record: RunRecord, planned: list[PlannedTask]) -> dict[str, UnitKeys]:
+    """The unit keys of the run's split tasks whose types give them (the task keys already set on `record`)."""
+    described = {
+        task.task_id: UnitDescription(task.description.unit_keys, task.description.unit_inputs)
+        for task in planned
+        if task.description.unit_keys is not None and task.task_id in record.tasks
+    }
+    if not described:
+        return {}
+    inputs = {
+        task.task_id: KeyInputs(
+            type=task.description.type,
+            settings={},
+            inputs=dict(record.tasks[task.task_id].inputs) if task.task_id in record.tasks else {},
+            split=task.description.split,
+        )
+        for task in planned
+    }
+    keys = {task_id: task.key for task_id, task in record.tasks.items()}
+    order = [task.task_id for task in planned]
+    return unit_keys(order, inputs, described, snapshots.of(record), record.environment, keys)
+
+
+def write_unit_keys(record: RunRecord, run: RunLayout, units: dict[str, UnitKeys]) -> None:
+    """Records each task's unit scope and writes its unit keys into the run (`unit-keys/<task>.txt`)."""
+    for task_id, task_units in units.items():
+        record.tasks[task_id].unit_scope = task_units.scope
+        path = run.unit_keys(task_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(key + "\n" for key in task_units.keys))
+
+
+def read_unit_keys(run: RunLayout, task_id: str) -> list[str]:
+    """A task's unit keys as its run wrote them ([] when it has none)."""
+    try:
+        return run.unit_keys(task_id).read_text().split()
+    except OSError:
+        return []
+
+
 def _with_nonces(inputs: dict[str, KeyInputs], planned: list[PlannedTask]) -> dict[str, KeyInputs]:
     uncacheable = {task.task_id for task in planned if not task.description.cacheable}
     if not uncacheable:
@@ -200,6 +243,16 @@ def find_sources(
             load=load,
             read_policy=read_policy,
         )
+        if source is None and task.unit_scope and task.split:
+            source = index.find_units(
+                task.unit_scope,
+                caller,
+                request.policy,
+                resume_from=request.resume_from or None,
+                exclude_run=record.run_id,
+                load=load,
+                read_policy=read_policy,
+            )
         if source is not None and (not source.partial or task.split):
             sources[task.task_id] = source
     return sources
@@ -219,7 +272,17 @@ def apply_reuse(record: RunRecord, run: RunLayout, store: StoreLayout, sources: 
                 _reused_whole(task, source, now)
                 reused.append(task_id)
         elif task.units:
-            seeded = seed_ledger(earlier, run.task(task_id), task.units)
+            indices = None
+            if source.by_unit_keys:
+                earlier_index = {
+                    key: i for i, key in enumerate(read_unit_keys(store.run(source.run_id), task_id=source.task_id))
+                }
+                indices = {
+                    new: earlier_index[key]
+                    for new, key in enumerate(read_unit_keys(run, task_id))
+                    if key in earlier_index
+                }
+            seeded = seed_ledger(earlier, run.task(task_id), task.units, indices)
             if seeded:
                 task.reused_from = ReusedFrom(run_id=source.run_id, task_id=source.task_id, units=seeded)
     return reused

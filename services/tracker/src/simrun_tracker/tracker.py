@@ -49,6 +49,8 @@ from simrun_tracker.reuse import (
     find_sources,
     keys_of,
     load_record,
+    unit_keys_of,
+    write_unit_keys,
 )
 from simrun_tracker.runstore import RunStore
 from simrun_tracker.submission import PlannedTask, check_snapshots, describe_tasks, plan_tasks, reserving
@@ -245,7 +247,7 @@ class RunTracker:
             def write_tasks(staging: RunLayout) -> None:
                 assert record is not None
                 if planned is not None:
-                    self._reuse(record, staging, identity)
+                    self._reuse(record, staging, identity, planned)
                     self._write_reused_task_files(staging, record, aside=True)
 
             staging = self.runs.stage(record, write_tasks)
@@ -348,8 +350,12 @@ class RunTracker:
         for task_id, key in keys_of(self.snapshot_keys, record, planned).items():
             record.tasks[task_id].key = key
 
-    def _reuse(self, record: RunRecord, run: RunLayout, identity: Identity | RecordIdentity) -> None:
-        """Puts in `run` the earlier results its tasks' keys find (a reused task is SUCCEEDED before it starts)."""
+    def _reuse(
+        self, record: RunRecord, run: RunLayout, identity: Identity | RecordIdentity, planned: list[PlannedTask]
+    ) -> None:
+        """Writes the run's unit keys and puts in `run` the earlier results its tasks' keys (and unit keys) find (a
+        reused task is SUCCEEDED before it starts)."""
+        write_unit_keys(record, run, unit_keys_of(self.snapshot_keys, record, planned))
         request = ReuseRequest(ReusePolicy(record.reuse), record.resume_from or "", tuple(record.rerun))
         sources = find_sources(
             record, self.keys, request, caller_identity(identity), self.guard.policy, self._earlier_record
@@ -453,7 +459,7 @@ class RunTracker:
         record.tasks = task_records(workflow, planned, mode, record.tasks)
         self._set_keys(record, planned)
         run = self.store.run(record.run_id)
-        self._reuse(record, run, record.identity)
+        self._reuse(record, run, record.identity, planned)
         self._write_reused_task_files(run, record, aside=False)
         self.keys.update(record)
 
