@@ -170,10 +170,7 @@ def train_q_table(
         observation, _ = env.reset(seed=seed + episode)
         state = state_of(observation, machines)
         while True:
-            if rng.random() < epsilon:
-                action = int(rng.integers(ACTIONS))
-            else:
-                action = int(np.argmax(table[state]))
+            action = int(rng.integers(ACTIONS)) if rng.random() < epsilon else int(np.argmax(table[state]))
             observation, reward, terminated, truncated, _ = env.step(action)
             following = state_of(observation, machines)
             target = reward + (0.0 if terminated else gamma * table[following].max())
