@@ -35,6 +35,25 @@ def git_repo(source: Path, dest: Path, files: dict[str, str] | None = None) -> P
     return dest
 
 
+def research_tree(root: Path) -> Path:
+    """The repository as a researcher has it: the example and the simulator it depends on by path, one git tree."""
+    files = subprocess.run(
+        ["git", "ls-files", "examples/clusterpolicy", "libs/cluster-sim"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in files:
+        dest = root / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes((REPO / name).read_bytes())
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "study"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, env={**env, "PATH": "/usr/bin:/bin"})
+    return root / "examples" / "clusterpolicy"
+
+
 def wait_final(client: Client, run_id: str, timeout_s: float = 90) -> object:
     """The run once it has ended; fails the test after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cluster_sim.envs import ClusterEnv
+from e2e_support import research_tree
 
 REPO = Path(__file__).resolve().parents[1]
 SIMRUN = Path(sys.executable).parent / "simrun"
@@ -52,25 +53,6 @@ def free_address() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{sock.getsockname()[1]}"
-
-
-def research_tree(root: Path) -> Path:
-    """The repository as a researcher has it: the example and the simulator it depends on by path, one git tree."""
-    files = subprocess.run(
-        ["git", "ls-files", "examples/clusterpolicy", "libs/cluster-sim"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in files:
-        dest = root / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes((REPO / name).read_bytes())
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "study"]):
-        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, env={**env, "PATH": "/usr/bin:/bin"})
-    return root / "examples" / "clusterpolicy"
 
 
 def episode_directly(flow: object, act: object, seed: int) -> dict[str, float]:
