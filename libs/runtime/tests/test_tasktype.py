@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import Field
 from simrun_runtime import (
     ResourceHint,
     SettingsError,
     SplitTaskType,
+    TaskSettings,
     TaskTypeError,
     UnsplitTaskType,
     describe_type,
@@ -215,3 +217,58 @@ def test_an_import_error_says_where_dependencies_and_the_model_come_from(tmp_pat
         load_task_type("baremodel:Scan", bare)
     with pytest.raises(TaskTypeError, match=r"is the model root right\? .*\(give --model FOLDER\)"):
         load_task_type("simrun_not_here.tasks:Scan", tmp_path)
+
+
+class _Points(SplitTaskType):
+    """Unit keys by the scanned point: a scan with one more point keeps every other unit's key."""
+
+    class Settings(TaskSettings):
+        points: list[float] = Field(default=[1.0, 2.0])
+
+    inputs = ("fits",)
+
+    def count_units(self, settings: Any) -> int:
+        return len(settings.points)
+
+    def unit_key(self, settings: Any, index: int) -> Any:
+        return {"point": settings.points[index]}
+
+    def unit_inputs(self, settings: Any, index: int) -> Any:
+        return {"fits": [index]}
+
+
+def test_unit_keys_are_digests_of_the_units_own_values_and_bad_ones_are_named() -> None:
+    from simrun_runtime.loading import unit_keys
+
+    task = _Points()
+    two, reads = unit_keys(task, task.Settings(points=[1.0, 2.0]), "m:Points", 2, ["fits"])
+    three, _ = unit_keys(task, task.Settings(points=[0.5, 1.0, 2.0]), "m:Points", 3, ["fits"])
+    assert two is not None and three is not None and three[1:] == two and len(set(three)) == 3
+    assert reads == [{"fits": [0]}, {"fits": [1]}]
+
+    class NotJson(_Points):
+        def unit_key(self, settings: Any, index: int) -> Any:
+            return {"point": float("nan")}
+
+    with pytest.raises(TaskTypeError, match="unit_key of task type 'm:Points' gave unit 0 a value that is not JSON"):
+        unit_keys(NotJson(), task.Settings(), "m:Points", 2, ["fits"])
+
+    class WrongPort(_Points):
+        def unit_inputs(self, settings: Any, index: int) -> Any:
+            return {"fit": [index]}
+
+    with pytest.raises(TaskTypeError, match="names port 'fit' for unit 0; its inputs: fits"):
+        unit_keys(WrongPort(), task.Settings(), "m:Points", 2, ["fits"])
+
+    class Negative(_Points):
+        def unit_inputs(self, settings: Any, index: int) -> Any:
+            return {"fits": [-1]}
+
+    with pytest.raises(TaskTypeError, match="give unit indices"):
+        unit_keys(Negative(), task.Settings(), "m:Points", 2, ["fits"])
+
+    class NoKeys(_Points):
+        def unit_key(self, settings: Any, index: int) -> Any:
+            return None
+
+    assert unit_keys(NoKeys(), task.Settings(), "m:Points", 2, ["fits"]) == (None, None)
