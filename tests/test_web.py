@@ -195,7 +195,9 @@ def test_a_run_moves_to_succeeded_without_a_reload(owner: Any, served: Served) -
     )
     owner.refresh()
     pod = owner.find_element("css selector", '#pods tr[data-task="grid"][data-worker="w0"]').text.split()
-    assert pod[:5] == ["grid", "w0", "1", "0", "0"], pod  # started once, never killed
+    assert pod[:6] == ["grid", "w0", "node-a", "1", "0", "0"], pod  # on the node, started once, never killed
+    (task,) = json.loads(served.cli("status", run_id, "--json").stdout)["tasks"]
+    assert [(p["worker"], p["node"]) for p in task["pods"]] == [("w0", "node-a")]  # the CLI's JSON names it too
     shoot(owner, "run")
     assert console_errors(owner) == []
 

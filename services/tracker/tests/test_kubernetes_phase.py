@@ -223,3 +223,19 @@ def test_restored_attempts_are_a_floor_and_live_pods_win_over_workflow_nodes() -
     node_view = ended("k", 143, preempted=True)
     pod_view = Attempt("k", AttemptPhase.RUNNING, "k", started=True)
     assert merge_attempts([pod_view], [node_view, ended("j", 143)]) == [ended("j", 143), pod_view]
+
+
+@pytest.mark.parametrize(
+    ("attempts", "context", "node"),
+    [
+        ([WAITING], WorkerContext(), None),  # not placed yet
+        ([RUNNING], WorkerContext(), "node-b"),
+        ([ended("a", 137), RUNNING], WorkerContext(), "node-b"),  # the retry's node, not the first attempt's
+        ([ended("a", 137), DONE], WorkerContext(), "node-b"),
+        ([ended("a", 1)], WorkerContext(), "node-a"),  # a failed pod still names where it ran
+        ([ended("a", 137), ended("b", 137)], WorkerContext(), "node-a"),
+        ([RUNNING, WAITING], WorkerContext(stopped=True), "node-b"),
+    ],
+)
+def test_a_worker_names_the_node_of_its_latest_placed_attempt(attempts, context, node) -> None:
+    assert worker_status(SPEC, attempts, context).node == node

@@ -122,6 +122,10 @@ class TaskRecord(BaseModel):
         default_factory=dict,
         description="worker -> the most anonymous memory the executor measured in its pods, GiB (where it measures)",
     )
+    nodes: dict[str, str] = Field(
+        default_factory=dict,
+        description="worker -> the node its latest attempt was placed on, as the executor names it (`simrun nodes`)",
+    )
     state: TaskState = TaskState.PENDING
     message: str = ""
     started_at: datetime | None = None

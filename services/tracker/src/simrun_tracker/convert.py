@@ -161,6 +161,8 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
             )
             if worker in task.measured_memory_gb:
                 pod.peak_memory_gb = task.measured_memory_gb[worker]
+            if worker in task.nodes:
+                pod.node = task.nodes[worker]
     for snapshot in record.snapshots:
         run.snapshots.add(
             name=snapshot.name,

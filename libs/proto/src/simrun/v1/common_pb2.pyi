@@ -891,6 +891,7 @@ class TaskPod(_message.Message):
     OOM_KILLS_FIELD_NUMBER: _builtins.int
     SIGKILLS_FIELD_NUMBER: _builtins.int
     PEAK_MEMORY_GB_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     """The worker: w0 for the coordinator (or the task's one pod), w1, w2, … for the extra workers."""
     attempts: _builtins.int
@@ -901,6 +902,10 @@ class TaskPod(_message.Message):
     """Its exits by SIGKILL without evidence of a memory kill."""
     peak_memory_gb: _builtins.float
     """The most anonymous memory the executor measured in it over its attempts, GiB; absent where it does not measure."""
+    node: _builtins.str
+    """The node its latest attempt was placed on, as `simrun nodes` names it; absent before it was placed (or in a
+    record written before nodes were kept).
+    """
     def __init__(
         self,
         *,
@@ -909,13 +914,19 @@ class TaskPod(_message.Message):
         oom_kills: _builtins.int = ...,
         sigkills: _builtins.int = ...,
         peak_memory_gb: _builtins.float | None = ...,
+        node: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_peak_memory_gb", b"_peak_memory_gb", "peak_memory_gb", b"peak_memory_gb"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_node", b"_node", "_peak_memory_gb", b"_peak_memory_gb", "node", b"node", "peak_memory_gb", b"peak_memory_gb"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_peak_memory_gb", b"_peak_memory_gb", "attempts", b"attempts", "oom_kills", b"oom_kills", "peak_memory_gb", b"peak_memory_gb", "sigkills", b"sigkills", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_node", b"_node", "_peak_memory_gb", b"_peak_memory_gb", "attempts", b"attempts", "node", b"node", "oom_kills", b"oom_kills", "peak_memory_gb", b"peak_memory_gb", "sigkills", b"sigkills", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__node: _TypeAlias = _typing.Literal["node"]  # noqa: Y015
+    _WhichOneofArgType__node: _TypeAlias = _typing.Literal["_node", b"_node"]  # noqa: Y015
     _WhichOneofReturnType__peak_memory_gb: _TypeAlias = _typing.Literal["peak_memory_gb"]  # noqa: Y015
     _WhichOneofArgType__peak_memory_gb: _TypeAlias = _typing.Literal["_peak_memory_gb", b"_peak_memory_gb"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__node) -> _WhichOneofReturnType__node | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__peak_memory_gb) -> _WhichOneofReturnType__peak_memory_gb | None: ...
 
 Global___TaskPod: _TypeAlias = TaskPod  # noqa: Y015

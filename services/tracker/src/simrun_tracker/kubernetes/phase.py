@@ -263,15 +263,17 @@ def worker_status(spec: PodSpec, attempts: list[Attempt], context: WorkerContext
     status.memory_kills = kills
     status.memory_gb = memory
     last = attempts[-1] if attempts else None
+    # The node of its latest attempt that was placed (its pod's `spec.nodeName`, or the Workflow node's host).
+    placed = next((a.node for a in reversed(attempts) if a.node), None)
     if failure is not None:
-        return _final(status, PodPhase.FAILED, failure)
+        return _final(status, PodPhase.FAILED, failure, node=placed)
     if last is not None and last.phase is AttemptPhase.SUCCEEDED:
         status.exit_code = 0
         return _final(status, PodPhase.SUCCEEDED, "", node=last.node)
     if context.stopped and (last is None or last.phase is not AttemptPhase.RUNNING):
         # A running pod of a stopped run ends when Argo terminates it; one of a stopped task runs on until its
         # ledger has nothing pending (Argo cannot stop one DAG node). Neither is counted final before it ends.
-        return _final(status, PodPhase.FAILED, STOPPED)
+        return _final(status, PodPhase.FAILED, STOPPED, node=placed)
     if last is None:
         if context.workflow_message:
             return _final(status, PodPhase.FAILED, context.workflow_message)
@@ -286,7 +288,7 @@ def worker_status(spec: PodSpec, attempts: list[Attempt], context: WorkerContext
         return status
     if context.retries_exhausted or context.workflow_message:
         reason = context.workflow_message or "Argo's retry limit (the preemption budget) is reached"
-        return _final(status, PodPhase.FAILED, f"{status.message}; {reason}" if status.message else reason)
+        return _final(status, PodPhase.FAILED, f"{status.message}; {reason}" if status.message else reason, node=placed)
     return status
 
 
