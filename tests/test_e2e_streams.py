@@ -132,3 +132,36 @@ def test_following_the_logs_of_a_task_waiting_for_its_inputs_follows_it_to_its_e
     # The stream ends with the task's pods; the driver records the task's end a moment later.
     assert wait_final(owner, run.run_id).state == common_pb2.RUN_STATE_SUCCEEDED
     assert total_state() == 4
+
+
+def test_watchers_of_a_run_that_does_not_change_sleep_and_end_as_their_calls_end(
+    start_server, client_for, e2e_model
+) -> None:
+    server = start_server()
+    owner = client_for(server, "owner")
+    held = SLOW.replace("units: 40, seconds: 0.5", "units: 2, seconds: 120")
+    run = owner.submit(write_workflow(e2e_model, held, "held.yaml"))
+    deadline = time.monotonic() + 30
+    while owner.get_run(run.run_id).state != common_pb2.RUN_STATE_RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    reader = server.tracker.reader
+    channels, calls, first = _open_watches(server.address, run.run_id, 20)
+    try:
+        while (len(first) < 20 or reader.watching() < 20) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(first) == 20 and reader.watching() == 20
+        reads = reader.watch_reads
+        assert reads <= 4, reads  # one reading of the run for all of them (another if it changed as they came)
+        time.sleep(1.5)
+        assert reader.watch_reads == reads  # nothing changed: nobody read it again
+    finally:
+        for call in calls:
+            call.cancel()  # type: ignore[attr-defined]
+        ended = time.monotonic()
+        for channel in channels:
+            channel.close()
+    while reader.watching() and time.monotonic() - ended < 5:
+        time.sleep(0.01)
+    # The calls' end wakes their watchers at once, not at their next check of the caller.
+    assert reader.watching() == 0 and time.monotonic() - ended < 0.8
+    owner.cancel(run.run_id)

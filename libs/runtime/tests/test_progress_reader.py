@@ -56,3 +56,20 @@ def test_lines_that_are_not_progress_are_skipped_and_reads_are_bounded(tmp_path,
     assert reader.units_done() == 1
     assert reader.units_done() == 1
     assert reader.units_done() == 4
+
+
+def test_a_progress_file_that_did_not_grow_is_not_opened_again(tmp_path, monkeypatch):
+    import simrun_runtime.reports as reports
+
+    path = tmp_path / "progress.jsonl"
+    log = ProgressLog(path)
+    log.append(0, "w0", 0.01, 1.0)
+    reader = ProgressReader(path)
+    opened = []
+    real = reports.open_beneath
+    monkeypatch.setattr(reports, "open_beneath", lambda *args: opened.append(args) or real(*args))
+    assert [reader.units_done() for _ in range(5)] == [1] * 5
+    assert len(opened) == 1  # read once; four times it only looked at its size
+    log.append(1, "w0", 0.01, 1.0)
+    assert reader.units_done() == 2 and len(opened) == 2
+    log.close()

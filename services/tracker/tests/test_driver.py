@@ -28,7 +28,7 @@ from simrun_tracker.driver import Driver
 from simrun_tracker.executor import TaskOrdering
 from simrun_tracker.learning import InProcessLearner
 from simrun_tracker.ports import Environment, EnvironmentState
-from simrun_tracker.reads import RunReader
+from simrun_tracker.reads import Hangup, RunReader
 from simrun_tracker.runstore import RunStore
 
 NODES = [Node("n1", cores=4, memory_gb=16)]
@@ -658,3 +658,91 @@ def test_the_node_each_pod_ran_on_is_kept_in_the_record_and_shown_with_its_pod(m
     del old["tasks"]["fit"]["nodes"]
     (old_pod,) = run_message(RunRecord.model_validate(old)).tasks[0].pods
     assert not old_pod.HasField("node") and old_pod.attempts == 2
+
+
+def _watcher(reader: RunReader, hangup: Hangup | None = None, alive: Callable[[], bool] | None = None) -> Any:
+    """A thread watching r1 into its `seen` list of states, counting the times it asked `alive`."""
+    asked: list[float] = []
+
+    def still_there() -> bool:
+        asked.append(time.monotonic())
+        return alive() if alive is not None else True
+
+    seen: list[RunState] = []
+    thread = threading.Thread(target=lambda: seen.extend(r.state for r, _ in reader.watch("r1", still_there, hangup)))
+    thread.start()
+    return SimpleNamespace(thread=thread, seen=seen, asked=asked)
+
+
+def test_the_watchers_of_a_run_share_one_reading_a_change_and_sleep_until_it_changes(make_world) -> None:
+    world = make_world()
+    world.submit(task("fit"))
+    world.until(running)
+    reader = RunReader(world.runs, world.executor)
+    watchers = [_watcher(reader, Hangup()) for _ in range(20)]
+    deadline = time.monotonic() + 10
+    while not all(w.seen for w in watchers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(w.seen == [RunState.RUNNING] for w in watchers)
+    reads = reader.watch_reads
+    assert reads < 5, reads  # one reading of the run for all twenty (another if it changed as they joined)
+    time.sleep(1.5)
+    assert [w.asked for w in watchers] == [[]] * 20  # asleep: nobody polled its caller
+    assert reader.watch_reads == reads
+    world.executor.exit("r1", "fit")
+    for w in watchers:
+        w.thread.join(timeout=10)
+        assert not w.thread.is_alive() and w.seen[-1] == RunState.SUCCEEDED
+    assert reader.watch_reads - reads <= 4, reader.watch_reads - reads  # a reading per save, not per watcher
+
+
+def test_a_watcher_whose_caller_hangs_up_ends_at_once(make_world) -> None:
+    world = make_world()
+    world.submit(task("fit"))
+    world.until(running)
+    reader = RunReader(world.runs, world.executor)
+    hangup, gone = Hangup(), threading.Event()
+    told, asked = _watcher(reader, hangup), _watcher(reader, alive=lambda: not gone.is_set())
+    time.sleep(0.3)
+    start = time.monotonic()
+    hangup()
+    told.thread.join(timeout=5)
+    assert not told.thread.is_alive() and time.monotonic() - start < 0.5 and told.asked == []
+    gone.set()  # without a hang-up, a watcher still finds its caller gone within a check
+    asked.thread.join(timeout=5)
+    assert not asked.thread.is_alive() and asked.asked
+    assert told.seen == asked.seen == [RunState.RUNNING]
+
+
+def test_watchers_see_the_units_done_as_the_progress_moves(make_world) -> None:
+    from simrun_runtime.reports import ProgressLog
+
+    world = make_world()
+    world.submit(task("scan", split=True))
+    world.until(running)
+    reader = RunReader(world.runs, world.executor)
+    done: list[list[int]] = [[], []]
+    hangups = [Hangup(), Hangup()]
+
+    def watch(i: int) -> None:
+        for _, progress in reader.watch("r1", hangup=hangups[i]):
+            done[i].append(progress[0].units_done)
+
+    threads = [threading.Thread(target=watch, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    log = ProgressLog(world.runs.layout.run("r1").task("scan").progress)
+    try:
+        for unit in range(3):
+            log.append(unit, "w0", 0.01, 1.0)
+            deadline = time.monotonic() + 5
+            while not all(d and d[-1] == unit + 1 for d in done) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert [d[-1] for d in done] == [unit + 1, unit + 1], done
+    finally:
+        log.close()
+        for hangup in hangups:
+            hangup()
+        for thread in threads:
+            thread.join(timeout=5)
+    reader.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from datetime import UTC, datetime
@@ -286,7 +287,17 @@ class ProgressReader:
         self._skipping = False
 
     def units_done(self) -> int:
-        """Distinct units in the file now (a unit computed twice is on two lines)."""
+        """Distinct units in the file now (a unit computed twice is on two lines).
+
+        A regular file no longer than what was read is not opened again (the server asks several times a second
+        of every watched run): the file only grows, a line at a time.
+        """
+        try:
+            seen = os.lstat(self.path)
+        except FileNotFoundError:
+            return self._units.total
+        if stat.S_ISREG(seen.st_mode) and seen.st_size <= self._offset:
+            return self._units.total
         try:
             fd = open_beneath(self.path.parent, self.path.name)
         except (FileNotFoundError, UnsafePath):

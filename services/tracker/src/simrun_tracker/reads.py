@@ -1,7 +1,9 @@
 """The read side of the tracker: a run, a listing, progress, watching by notification, logs, comparison.
 
 Nothing here waits for the driver: a run's record is the copy the run store last published, and watchers wait on
-its version (which every save bumps, and which one progress feed bumps when units are done).
+its version (which every save bumps, and which one progress feed bumps when units are done). The watchers of one
+run share one reading of it per change (`_SharedWatch`) and sleep until it changes or their caller hangs up
+(`Hangup`), so a watcher of a run that does not change costs nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ PROGRESS_POLL_S = 0.25
 """Seconds between two reads of the progress of runs someone watches."""
 
 WATCH_CHECK_S = 1.0
-"""Seconds a watcher waits before it checks that its caller is still there."""
+"""Seconds a watcher waits before it checks that its caller is still there, when nobody tells it (no `Hangup`)."""
+
+WATCH_SAFETY_S = 60.0
+"""Seconds a watcher told of its caller's end by a `Hangup` still waits before it asks `alive` (a lost call)."""
 
 LIST_PAGE_SIZE = 50
 """Runs on a page of ListRuns when the caller asks for no size."""
@@ -73,6 +78,62 @@ def _sources(record: RunRecord) -> dict[str, str]:
     return {key: json.dumps(value) for key, value in values.items()}
 
 
+class Hangup:
+    """A stream's caller going away, told from any thread (an RPC's end callback): its waiting watcher wakes at once
+    instead of asking every second whether the caller is still there."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._gone = False
+        self._wakers: list[Callable[[], None]] = []
+
+    def __call__(self) -> None:
+        """The caller went away: wakes whoever waits for it (once; later calls do nothing)."""
+        with self._lock:
+            self._gone = True
+            wakers, self._wakers = self._wakers, []
+        for wake in wakers:
+            wake()
+
+    @property
+    def gone(self) -> bool:
+        with self._lock:
+            return self._gone
+
+    def wakes(self, wake: Callable[[], None]) -> None:
+        """Calls `wake` when the caller goes away (at once if it went already)."""
+        with self._lock:
+            if not self._gone:
+                self._wakers.append(wake)
+                return
+        wake()
+
+    def forget(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            if wake in self._wakers:
+                self._wakers.remove(wake)
+
+
+class _SharedWatch:
+    """The watchers of one run: they sleep on one condition, which the run's changes (a save, its progress moving)
+    and their callers' hang-ups wake, and the first of them awake reads the run once for all of them."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition(threading.Lock())
+        self.watchers = 0
+        self.version = -1
+        """The store's version of the run that `update` was read at."""
+        self.reading = False
+        self.marker: tuple[Any, ...] | None = None
+        self.update: tuple[RunRecord, list[TaskProgress]] | None = None
+        self.serial = 0
+        """Bumped with every `update` that differs from the one before: each watcher yields each serial once."""
+
+    def wake(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+
 class RunReader:
     """Answers queries about runs from the run store and the executor's logs."""
 
@@ -86,6 +147,10 @@ class RunReader:
         self._last_done: dict[str, tuple[int, ...]] = {}
         self._feed: threading.Thread | None = None
         self._stop = threading.Event()
+        self._shared: dict[str, _SharedWatch] = {}
+        self.watch_reads = 0
+        """Readings of a watched run (one per change however many watch it; for tests and benchmarks)."""
+        runs.on_change(self._run_changed)
 
     def close(self) -> None:
         self._stop.set()
@@ -175,30 +240,92 @@ class RunReader:
         return result
 
     def watch(
-        self, run_id: str, alive: Callable[[], bool] = lambda: True
+        self, run_id: str, alive: Callable[[], bool] = lambda: True, hangup: Hangup | None = None
     ) -> Iterator[tuple[RunRecord, list[TaskProgress]]]:
         """Yields the run and its progress whenever either changes, the last time once it has ended.
 
-        It waits on the run's version, not on a clock; `alive` says whether the caller still listens.
+        It sleeps until the run's version moves, not on a clock, and shares each reading of the run with the other
+        watchers of the run. `hangup` wakes it when its caller goes away (it then asks `alive` only as a safety net,
+        every `WATCH_SAFETY_S`); without one it asks `alive` every `WATCH_CHECK_S`. The records yielded are shared
+        by the run's watchers: read them only.
         """
-        last: tuple[Any, ...] | None = None
         self._watch_start(run_id)
+        with self._lock:
+            shared = self._shared.setdefault(run_id, _SharedWatch())
+            shared.watchers += 1
+        if hangup is not None:
+            hangup.wakes(shared.wake)
+        seen = 0
         try:
             while True:
-                version = self.runs.version(run_id)
-                record = self.get(run_id)
-                progress = self.progress(record)
-                marker = (record.updated_at, record.state, tuple(progress))
-                if marker != last:
-                    last = marker
-                    yield record, progress
+                step = self._next_update(run_id, shared, seen, alive, hangup)
+                if step is None:
+                    return
+                seen, (record, progress) = step
+                yield record, progress
                 if record.state.final:
                     return
-                while self.runs.wait(run_id, version, WATCH_CHECK_S) == version:
-                    if not alive():
-                        return
         finally:
+            if hangup is not None:
+                hangup.forget(shared.wake)
+            with self._lock:
+                shared.watchers -= 1
+                if not shared.watchers and self._shared.get(run_id) is shared:
+                    del self._shared[run_id]
             self._watch_end(run_id)
+
+    def _next_update(
+        self,
+        run_id: str,
+        shared: _SharedWatch,
+        seen: int,
+        alive: Callable[[], bool],
+        hangup: Hangup | None,
+    ) -> tuple[int, tuple[RunRecord, list[TaskProgress]]] | None:
+        """The run's update after the `seen` one: read by this watcher if the run moved and nobody reads it yet,
+        else waited for; None when the caller went away."""
+        patience = WATCH_SAFETY_S if hangup is not None else WATCH_CHECK_S
+        with shared.changed:
+            while True:
+                if hangup is not None and hangup.gone:
+                    return None
+                # Read under the condition: a change published after this read notifies only once this waits.
+                version = self.runs.version(run_id)
+                if version != shared.version and not shared.reading:
+                    shared.reading = True
+                    shared.changed.release()
+                    try:
+                        record = self.get(run_id)
+                        progress = self.progress(record)
+                    finally:
+                        shared.changed.acquire()
+                        shared.reading = False
+                        shared.changed.notify_all()  # the others read again if this one failed
+                    self.watch_reads += 1
+                    with self._lock:  # what the progress feed compares with: a unit done since is a change
+                        self._last_done[run_id] = tuple(p.units_done for p in progress)
+                    shared.version = version
+                    marker = (record.updated_at, record.state, tuple(progress))
+                    if marker != shared.marker:
+                        shared.marker, shared.update = marker, (record, progress)
+                        shared.serial += 1
+                    continue
+                if shared.serial > seen and shared.update is not None and not shared.reading:
+                    return shared.serial, shared.update
+                if not shared.changed.wait(patience) and not alive():
+                    return None
+
+    def watching(self) -> int:
+        """Watchers open now, in all."""
+        with self._lock:
+            return sum(shared.watchers for shared in self._shared.values())
+
+    def _run_changed(self, run_id: str) -> None:
+        """Wakes the watchers of a run that was saved or whose progress moved."""
+        with self._lock:
+            shared = self._shared.get(run_id)
+        if shared is not None:
+            shared.wake()
 
     def _watch_start(self, run_id: str) -> None:
         with self._lock:
@@ -221,15 +348,18 @@ class RunReader:
                 watched = list(self._watched)
             for run_id in watched:
                 try:
-                    record = self.get(run_id)
+                    record = self.runs.read(run_id)  # read only: no copy of the record a tick
                 except NotFound:
                     continue
+                if record.state.final:
+                    continue  # its watchers read it once more as it ended; its progress moves no more
                 done = tuple(p.units_done for p in self.progress(record))
                 with self._lock:
                     changed = self._last_done.get(run_id) not in (None, done)
                     self._last_done[run_id] = done
                 if changed:
                     self.runs.bump(run_id)
+                    self._run_changed(run_id)
 
     def logs(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 
 import grpc
@@ -9,9 +11,11 @@ from simrun.v1 import tracker_pb2, tracker_pb2_grpc
 from simrun_core.messages import mode_from_proto
 from simrun_core.paging import page
 from simrun_core.rpc.auth import current_identity
+from simrun_runtime.record import RunRecord
 
 from simrun_tracker import convert
 from simrun_tracker.outputs import OutputStore
+from simrun_tracker.reads import Hangup, TaskProgress
 from simrun_tracker.tracker import RunTracker
 
 
@@ -20,6 +24,7 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
 
     def __init__(self, tracker: RunTracker) -> None:
         self.tracker = tracker
+        self._watched = _WatchMessages()
 
     def SubmitRun(
         self, request: tracker_pb2.SubmitRunRequest, context: grpc.ServicerContext
@@ -55,12 +60,13 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
     def WatchRun(
         self, request: tracker_pb2.WatchRunRequest, context: grpc.ServicerContext
     ) -> Iterator[tracker_pb2.WatchRunResponse]:
-        for record, progress in self.tracker.watch(request.run_id, context.is_active, current_identity()):
+        hangup = Hangup()
+        if not context.add_callback(hangup):  # the call ended (a cancel, the client gone): the watcher wakes
+            hangup()
+        for record, progress in self.tracker.watch(request.run_id, context.is_active, current_identity(), hangup):
             if not context.is_active():
                 return
-            yield tracker_pb2.WatchRunResponse(
-                run=convert.run_message(record, progress), progress=convert.progress_messages(progress)
-            )
+            yield self._watched.message(record, progress)
 
     def StreamLogs(
         self, request: tracker_pb2.StreamLogsRequest, context: grpc.ServicerContext
@@ -123,6 +129,34 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
 LOG_MESSAGE_CHARS = 1 << 18
 """The most characters of log lines in one StreamLogs message (at most 1 MiB in UTF-8): a whole archive or a burst
 of a followed log would pass what a client takes in one message (gRPC's default 4 MiB, simrun's client 64 MiB)."""
+
+
+class _WatchMessages:
+    """The last WatchRun message made for each watched run, kept with the record and progress it was made from:
+    the tracker hands a run's watchers the same record and progress, so the message is made once a change, not once
+    a watcher. A message is only read (serialized) once made."""
+
+    KEPT = 1024
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: OrderedDict[str, tuple[RunRecord, list[TaskProgress], tracker_pb2.WatchRunResponse]] = OrderedDict()
+
+    def message(self, record: RunRecord, progress: list[TaskProgress]) -> tracker_pb2.WatchRunResponse:
+        with self._lock:
+            kept = self._last.get(record.run_id)
+            if kept is not None and kept[0] is record and kept[1] is progress:
+                self._last.move_to_end(record.run_id)
+                return kept[2]
+        message = tracker_pb2.WatchRunResponse(
+            run=convert.run_message(record, progress), progress=convert.progress_messages(progress)
+        )
+        with self._lock:
+            self._last[record.run_id] = (record, progress, message)
+            self._last.move_to_end(record.run_id)
+            while len(self._last) > self.KEPT:
+                self._last.popitem(last=False)
+        return message
 
 
 def _pieces(text: str, size: int) -> Iterator[str]:

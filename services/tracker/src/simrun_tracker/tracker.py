@@ -39,7 +39,7 @@ from simrun_tracker.driver import CANCELLED_BY, Driver
 from simrun_tracker.executor import Executor
 from simrun_tracker.guard import Guard
 from simrun_tracker.ports import Environment, EnvironmentPort, EnvironmentState, LearnerPort, LocalInterpreters
-from simrun_tracker.reads import Comparison, RunReader, TaskProgress
+from simrun_tracker.reads import Comparison, Hangup, RunReader, TaskProgress
 from simrun_tracker.reuse import (
     ReuseRequest,
     SnapshotKeys,
@@ -580,10 +580,14 @@ class RunTracker:
         return self.reader.progress(record)
 
     def watch(
-        self, run_id: str, alive: Callable[[], bool] = lambda: True, identity: Identity | None = None
+        self,
+        run_id: str,
+        alive: Callable[[], bool] = lambda: True,
+        identity: Identity | None = None,
+        hangup: Hangup | None = None,
     ) -> Iterator[tuple[RunRecord, list[TaskProgress]]]:
         self.get(run_id, identity)
-        return self.reader.watch(run_id, alive)
+        return self.reader.watch(run_id, alive, hangup)
 
     def logs(
         self,
