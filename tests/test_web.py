@@ -202,6 +202,25 @@ def test_a_run_moves_to_succeeded_without_a_reload(owner: Any, served: Served) -
     assert console_errors(owner) == []
 
 
+def test_a_run_submitted_while_the_runs_page_is_open_appears_at_its_top(owner: Any, served: Served) -> None:
+    owner.get(f"http://{served.web}/runs?group=live-list")  # the first page of a group with no runs yet
+    assert "No runs" in _text(owner, "runs")
+    owner.execute_script("window.simrunMarker = 'same page';")
+    elsewhere = served.submit("elsewhere", {"xs": [1], "ys": [1]}, group="live-other")
+    run_id = served.submit("appears", {"xs": [1, 2], "ys": [1]}, group="live-list")
+    row = f'#runs tbody tr[data-run="{run_id}"]'
+    wait_for(lambda: owner.find_elements("css selector", row), 20, "the new run's row")
+    assert owner.find_element("css selector", "#runs tbody tr").get_attribute("data-run") == run_id  # at the top
+    wait_for(lambda: owner.find_element("css selector", f'{row} [data-field="state"]').text == "succeeded", 60, "done")
+    cells = [cell.text for cell in owner.find_elements("css selector", f"{row} td")]
+    assert cells[:4] == [run_id, "live-list", "alice", "succeeded"] and cells[4].startswith("1/1"), cells
+    assert owner.find_element("css selector", f"{row} a").get_attribute("href").endswith(f"/runs/{run_id}")
+    assert owner.find_elements("css selector", f'#runs tr[data-run="{elsewhere}"]') == []  # not the page's group
+    assert "No runs" not in _text(owner, "runs")
+    assert owner.execute_script("return window.simrunMarker") == "same page"  # no reload
+    assert console_errors(owner) == []
+
+
 def test_a_pod_s_log_follows_as_it_is_written(owner: Any, served: Served) -> None:
     run_id = served.submit("logs", {"xs": [1, 2, 3], "ys": [1, 2], "seconds": 1.0})
     owner.get(f"http://{served.web}/runs/{run_id}/tasks/grid/logs")

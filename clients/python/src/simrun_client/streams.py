@@ -7,11 +7,12 @@ for that identity as it checks the typed client's.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import grpc
-from simrun.v1 import tracker_pb2, tracker_pb2_grpc
+from simrun.v1 import common_pb2, tracker_pb2, tracker_pb2_grpc
 from simrun_core.errors import SimrunError
 from simrun_core.rpc.channel import open_aio_channel
 from simrun_core.rpc.errors import to_domain_error
@@ -20,7 +21,7 @@ from simrun_client.channel import MAX_MESSAGE_BYTES, channel_credentials
 
 
 class AsyncStreams:
-    """WatchRun and StreamLogs as async iterators over one asyncio channel, opened on first use.
+    """WatchRun, WatchRuns and StreamLogs as async iterators over one asyncio channel, opened on first use.
 
     Args:
         endpoint: `host:port` of the gateway.
@@ -47,6 +48,23 @@ class AsyncStreams:
     async def watch(self, token: str, run_id: str) -> AsyncIterator[tracker_pb2.WatchRunResponse]:
         """The run and its progress whenever they change, until it ends (the first: the run now)."""
         call = self._tracker().WatchRun(tracker_pb2.WatchRunRequest(run_id=run_id), metadata=_bearer(token))
+        async for update in _read(call):
+            yield update
+
+    async def new_runs(
+        self,
+        token: str,
+        group: str = "",
+        state: common_pb2.RunState.ValueType = common_pb2.RUN_STATE_UNSPECIFIED,
+        owner: str = "",
+        since: datetime | None = None,
+    ) -> AsyncIterator[tracker_pb2.WatchRunsResponse]:
+        """The runs submitted after `since` (None: from now) that a listing with these filters shows the caller, as
+        they are submitted and whenever they change, until the stream is left (WatchRuns)."""
+        request = tracker_pb2.WatchRunsRequest(group=group, state=state, owner=owner)
+        if since is not None:
+            request.since.FromDatetime(since)
+        call = self._tracker().WatchRuns(request, metadata=_bearer(token))
         async for update in _read(call):
             yield update
 

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -21,7 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from google.protobuf.json_format import MessageToDict
-from simrun.v1 import common_pb2, tracker_pb2
+from simrun.v1 import common_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, run_state
 from simrun_client.compare import differing_settings
 from simrun_client.streams import AsyncStreams
@@ -101,7 +102,7 @@ def run_view(run: common_pb2.Run) -> dict[str, Any]:
     return data
 
 
-def task_progress(update: tracker_pb2.WatchRunResponse, started: dict[str, tuple[float, int]]) -> dict[str, Any]:
+def task_progress(run: common_pb2.Run, started: dict[str, tuple[float, int]]) -> dict[str, Any]:
     """A run's change as a page shows it: states, units done of total, the rate and the estimate left per task.
 
     `started` keeps, per task, when and at how many units done this page first saw it computing, so the rate is
@@ -109,7 +110,7 @@ def task_progress(update: tracker_pb2.WatchRunResponse, started: dict[str, tuple
     """
     now = time.monotonic()
     tasks = []
-    for task in update.run.tasks:
+    for task in run.tasks:
         units = task.units if task.HasField("units") else None
         state = _name(task.state, common_pb2.TaskState, "TASK_STATE_")
         rate = left = None
@@ -130,7 +131,6 @@ def task_progress(update: tracker_pb2.WatchRunResponse, started: dict[str, tuple
                 "left_s": left,
             }
         )
-    run = update.run
     return {
         "run_id": run.run_id,
         "tasks_done": sum(t.state == common_pb2.TASK_STATE_SUCCEEDED for t in run.tasks),
@@ -140,6 +140,26 @@ def task_progress(update: tracker_pb2.WatchRunResponse, started: dict[str, tuple
         "final": run.state in FINAL_RUN_STATES,
         "tasks": tasks,
     }
+
+
+def new_run(run: common_pb2.Run, started: dict[str, tuple[float, int]]) -> dict[str, Any]:
+    """A run submitted while a runs page is open, as its row shows it: its change, its group, owner and time."""
+    return {
+        **task_progress(run, started),
+        "new": True,
+        "group": run.group,
+        "owner": run.identity.name,
+        "submitted": _when(run.create_time) if run.HasField("create_time") else "",
+    }
+
+
+def _since(stamp: str) -> datetime | None:
+    """The `since` of a runs page's new-runs feed: an ISO time, else None (from the feed's start)."""
+    try:
+        when = datetime.fromisoformat(stamp) if stamp else None
+    except ValueError:
+        raise InvalidArgument(f"bad since {stamp!r}: an ISO 8601 time") from None
+    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
 
 
 def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) -> FastAPI:
@@ -283,12 +303,18 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         filters = {"group": group, "state": state, "owner": owner}
         following = urlencode({**{k: v for k, v in filters.items() if v}, "page_token": response.next_page_token})
         states = [n.removeprefix("RUN_STATE_").lower() for n in common_pb2.RunState.keys()[1:]]
+        events: dict[str, str] = {"ids": ",".join(watched)} if watched else {}
+        if not page_token:
+            # The first page (newest first) shows new runs as they are submitted: those after its newest run, or
+            # after now when it shows none.
+            newest = response.runs[0].create_time.ToDatetime(tzinfo=UTC) if response.runs else datetime.now(UTC)
+            events.update({**{k: v for k, v in filters.items() if v}, "new": "1", "since": newest.isoformat()})
         return page(
             request,
             "runs.html",
             session,
             runs=runs,
-            watched=",".join(watched),
+            events=f"/runs/events?{urlencode(events)}" if events else "",
             filters=filters,
             states=states,
             next_page=f"/runs?{following}" if response.next_page_token else "",
@@ -311,12 +337,40 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
     def watch_feed(session: Session, run_id: str) -> live.Feed:
         started: dict[str, tuple[float, int]] = {}
         stream = followed.watch(session.client.token, run_id)
-        return live.Feed(stream, lambda update: ("run", task_progress(update, started)))
+        return live.Feed(stream, lambda update: ("run", task_progress(update.run, started)))
+
+    def new_runs_feed(session: Session, group: str, state: str, owner: str, since: datetime | None) -> live.Feed:
+        started: dict[str, dict[str, tuple[float, int]]] = {}
+        stream = followed.new_runs(
+            session.client.token, group, run_state(state) if state else common_pb2.RUN_STATE_UNSPECIFIED, owner, since
+        )
+        return live.Feed(stream, lambda update: ("run", new_run(update.run, started.setdefault(update.run.run_id, {}))))
 
     @app.get("/runs/events")
-    def runs_events(request: Request, session: SessionOf, ids: str = "") -> Response:
+    def runs_events(
+        request: Request,
+        session: SessionOf,
+        ids: str = "",
+        new: str = "",
+        group: str = "",
+        state: str = "",
+        owner: str = "",
+        since: str = "",
+    ) -> Response:
+        """The changes of a runs page's runs and, with `new`, the runs submitted after `since` that match its filters
+        (WatchRuns), in one stream: one of the bounded live streams per page."""
         run_ids = [i for i in ids.split(",") if i][:MAX_WATCHED_RUNS]
-        return event_stream(session, lambda: [watch_feed(session, run_id) for run_id in run_ids])
+        after = _since(since)
+        if state:
+            run_state(state)  # an unknown state: refused before a stream opens
+
+        def feeds() -> list[live.Feed]:
+            opened = [watch_feed(session, run_id) for run_id in run_ids]
+            if new:
+                opened.append(new_runs_feed(session, group, state, owner, after))
+            return opened
+
+        return event_stream(session, feeds)
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def run_page(request: Request, session: SessionOf, run_id: str, format: str = "") -> Response:

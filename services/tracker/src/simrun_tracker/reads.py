@@ -8,12 +8,13 @@ run share one reading of it per change (`_SharedWatch`) and sleep until it chang
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from simrun_core.errors import InvalidArgument, NotFound
@@ -37,6 +38,9 @@ WATCH_SAFETY_S = 60.0
 
 LIST_PAGE_SIZE = 50
 """Runs on a page of ListRuns when the caller asks for no size."""
+
+NEW_RUNS_FOLLOWED = 50
+"""Runs a WatchRuns stream follows at once: the newest, a first page of a listing's worth."""
 
 FINAL_PROGRESS_KEPT = 4096
 """Final runs whose progress is kept in memory (read once: a final run's progress does not change)."""
@@ -134,6 +138,35 @@ class _SharedWatch:
             self.changed.notify_all()
 
 
+class _RunsListener:
+    """The run ids changed since a WatchRuns stream last looked, in the order they changed."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition(threading.Lock())
+        self.pending: dict[str, None] = {}
+
+    def __call__(self, run_id: str) -> None:
+        with self.changed:
+            self.pending[run_id] = None
+            self.changed.notify_all()
+
+    def wake(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
+
+
+def matches(record: RunRecord, group: str, state: str, owner: str) -> bool:
+    """Whether a run is one a listing with these filters shows (`index._filtered`: the owner is the person or the
+    agent)."""
+    identity = record.identity
+    person = (identity.on_behalf_of or identity.name) if identity.kind == "agent" else identity.name
+    return (
+        (not group or record.group == group)
+        and (not state or record.state.value == state)
+        and (not owner or owner in (person, identity.name))
+    )
+
+
 class RunReader:
     """Answers queries about runs from the run store and the executor's logs."""
 
@@ -148,6 +181,7 @@ class RunReader:
         self._feed: threading.Thread | None = None
         self._stop = threading.Event()
         self._shared: dict[str, _SharedWatch] = {}
+        self._runs_listeners: list[_RunsListener] = []
         self.watch_reads = 0
         """Readings of a watched run (one per change however many watch it; for tests and benchmarks)."""
         runs.on_change(self._run_changed)
@@ -321,11 +355,89 @@ class RunReader:
             return sum(shared.watchers for shared in self._shared.values())
 
     def _run_changed(self, run_id: str) -> None:
-        """Wakes the watchers of a run that was saved or whose progress moved."""
+        """Wakes the watchers of a run that was saved or whose progress moved, and tells the WatchRuns streams."""
         with self._lock:
             shared = self._shared.get(run_id)
+            listeners = list(self._runs_listeners)
         if shared is not None:
             shared.wake()
+        for listener in listeners:
+            listener(run_id)
+
+    def watch_runs(
+        self,
+        group: str,
+        state: str,
+        owner: str,
+        since: datetime | None,
+        may_see: Callable[[RunRecord], bool],
+        visible: Visibility | None = None,
+        alive: Callable[[], bool] = lambda: True,
+        hangup: Hangup | None = None,
+    ) -> Iterator[tuple[RunRecord, list[TaskProgress]]]:
+        """Yields each run submitted after `since` (None: from now) that a listing with these filters shows and
+        `may_see` lets the caller read, with its progress: those submitted already first, oldest first, then each as
+        it is submitted (with a state asked for: once seen in it) and whenever it or its progress changes, until the
+        caller goes away. It follows the `NEW_RUNS_FOLLOWED` newest: an older one drops out, and so do the runs
+        submitted before it. It sleeps until a run changes, as `watch` does; the records are the store's: read only.
+
+        Raises:
+            InvalidArgument: an unknown state.
+        """
+        if state and state not in {s.value for s in RunState}:
+            raise InvalidArgument(f"unknown state {state!r}: one of {', '.join(s.value for s in RunState)}")
+        floor = since if since is not None else datetime.now(UTC)
+        listener = _RunsListener()
+        with self._lock:
+            self._runs_listeners.append(listener)
+        if hangup is not None:
+            hangup.wakes(listener.wake)
+        followed: OrderedDict[str, tuple[Any, ...] | None] = OrderedDict()
+        patience = WATCH_SAFETY_S if hangup is not None else WATCH_CHECK_S
+        try:
+            # Those submitted since `floor` before this call: the listing's newest, oldest first.
+            for run_id, _ in reversed(self.runs.index.page(group, state, owner, None, NEW_RUNS_FOLLOWED, visible)):
+                listener(run_id)
+            while True:
+                with listener.changed:
+                    while not listener.pending:
+                        if hangup is not None and hangup.gone:
+                            return
+                        if not listener.changed.wait(patience) and not alive():
+                            return
+                    if hangup is not None and hangup.gone:
+                        return
+                    changed = list(listener.pending)
+                    listener.pending.clear()
+                for run_id in changed:
+                    try:
+                        record = self.runs.read(run_id)
+                    except NotFound:
+                        continue
+                    if run_id not in followed:
+                        if record.created_at <= floor or not matches(record, group, state, owner):
+                            continue
+                        if not may_see(record):
+                            continue
+                        followed[run_id] = None
+                        self._watch_start(run_id)  # its progress is read as a watched run's is
+                        while len(followed) > NEW_RUNS_FOLLOWED:
+                            dropped, _ = followed.popitem(last=False)
+                            self._watch_end(dropped)
+                            with contextlib.suppress(NotFound):  # a run gone from the store since
+                                floor = max(floor, self.runs.read(dropped).created_at)
+                    progress = self.progress(record)
+                    marker = (record.updated_at, record.state, tuple(progress))
+                    if followed[run_id] != marker:
+                        followed[run_id] = marker
+                        yield record, progress
+        finally:
+            if hangup is not None:
+                hangup.forget(listener.wake)
+            with self._lock:
+                self._runs_listeners.remove(listener)
+            for run_id in followed:
+                self._watch_end(run_id)
 
     def _watch_start(self, run_id: str) -> None:
         with self._lock:

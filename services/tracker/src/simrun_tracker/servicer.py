@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from datetime import UTC
 
 import grpc
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
@@ -67,6 +68,28 @@ class RunTrackerServicer(tracker_pb2_grpc.RunTrackerServiceServicer):
             if not context.is_active():
                 return
             yield self._watched.message(record, progress)
+
+    def WatchRuns(
+        self, request: tracker_pb2.WatchRunsRequest, context: grpc.ServicerContext
+    ) -> Iterator[tracker_pb2.WatchRunsResponse]:
+        hangup = Hangup()
+        if not context.add_callback(hangup):
+            hangup()
+        state = convert.RUN_STATE_FROM_PROTO.get(request.state)
+        since = request.since.ToDatetime(tzinfo=UTC) if request.HasField("since") else None
+        runs = self.tracker.watch_runs(
+            request.group,
+            state.value if state else "",
+            request.owner,
+            since,
+            current_identity(),
+            context.is_active,
+            hangup,
+        )
+        for record, progress in runs:
+            if not context.is_active():
+                return
+            yield tracker_pb2.WatchRunsResponse(run=convert.run_message(record, progress))
 
     def StreamLogs(
         self, request: tracker_pb2.StreamLogsRequest, context: grpc.ServicerContext

@@ -589,6 +589,30 @@ class RunTracker:
         self.get(run_id, identity)
         return self.reader.watch(run_id, alive, hangup)
 
+    def watch_runs(
+        self,
+        group: str = "",
+        state: str = "",
+        owner: str = "",
+        since: datetime | None = None,
+        identity: Identity | None = None,
+        alive: Callable[[], bool] = lambda: True,
+        hangup: Hangup | None = None,
+    ) -> Iterator[tuple[RunRecord, list[TaskProgress]]]:
+        """The runs submitted after `since` that a listing with these filters shows `identity` (`reads.watch_runs`)."""
+        visible = self.guard.visibility(identity) if identity is not None else None
+
+        def may_see(record: RunRecord) -> bool:
+            if identity is None:
+                return True
+            try:
+                self.guard.check_read(identity, record)
+            except NotFound:
+                return False
+            return True
+
+        return self.reader.watch_runs(group, state, owner, since, may_see, visible, alive, hangup)
+
     def logs(
         self,
         run_id: str,

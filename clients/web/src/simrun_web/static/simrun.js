@@ -60,10 +60,46 @@ function runPage(root) {
   });
 }
 
+function cell(row, text, field, className) {
+  const td = document.createElement("td");
+  if (field) td.dataset.field = field;
+  if (className) td.className = className;
+  if (text !== null) td.textContent = text;
+  row.append(td);
+  return td;
+}
+
+// A row for a run submitted while the page is open, as the template draws one, at the top (newest first).
+function newRunRow(table, run) {
+  const body = table.tBodies[0];
+  for (const none of body.querySelectorAll("tr.none")) none.remove();
+  const row = document.createElement("tr");
+  row.dataset.run = run.run_id;
+  row.classList.add("new");
+  const link = document.createElement("a");
+  link.href = "/runs/" + encodeURIComponent(run.run_id);
+  link.textContent = run.run_id;
+  cell(row, null).append(link);
+  cell(row, run.group);
+  cell(row, run.owner);
+  cell(row, run.state, "state", "state state-" + run.state);
+  const progress = cell(row, null, "progress");
+  for (const name of ["done", "units"]) {
+    const span = document.createElement("span");
+    span.className = name;
+    progress.append(span, " ");
+  }
+  cell(row, run.submitted);
+  cell(row, run.message, "message", "message");
+  body.prepend(row);
+  return row;
+}
+
 function runsPage(table) {
   follow(table.dataset.events, {
     run: (run) => {
-      const row = table.querySelector('tr[data-run="' + CSS.escape(run.run_id) + '"]');
+      let row = table.querySelector('tr[data-run="' + CSS.escape(run.run_id) + '"]');
+      if (!row && run.new) row = newRunRow(table, run);
       if (!row) return;
       setState(row.querySelector('[data-field="state"]'), run.state);
       setText(row, '[data-field="message"]', run.message);

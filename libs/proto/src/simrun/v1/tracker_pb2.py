@@ -22,68 +22,73 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from simrun.v1 import common_pb2 as simrun_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17simrun/v1/tracker.proto\x12\tsimrun.v1\x1a\x16simrun/v1/common.proto\"\xf6\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\r\n\x05group\x18\x03 \x01(\t\x12\"\n\x04mode\x18\x04 \x01(\x0e\x32\x14.simrun.v1.SplitMode\x12\x0f\n\x07reserve\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12%\n\x05reuse\x18\x14 \x01(\x0e\x32\x16.simrun.v1.ReusePolicy\x12\x1a\n\x12resume_from_run_id\x18\x15 \x01(\t\x12\r\n\x05rerun\x18\x16 \x03(\t\"0\n\x11SubmitRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"z\n\x0fListRunsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.simrun.v1.RunState\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.simrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"v\n\x0cTaskProgress\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\x05units\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nunits_done\x18\x03 \x01(\x05\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.simrun.v1.TaskStateB\x08\n\x06_units\"Z\n\x10WatchRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\x12)\n\x08progress\x18\x02 \x03(\x0b\x32\x17.simrun.v1.TaskProgress\"T\n\x11StreamLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\"0\n\x12StreamLogsResponse\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\t\"4\n\x12\x43ompareRunsRequest\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12\r\n\x05group\x18\x02 \x01(\t\"=\n\rComparisonRow\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"y\n\x13\x43ompareRunsResponse\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12&\n\x04rows\x18\x02 \x03(\x0b\x32\x18.simrun.v1.ComparisonRow\x12)\n\x07sources\x18\x03 \x03(\x0b\x32\x18.simrun.v1.ComparisonRow\"\xc4\x01\n\x12\x45stimateRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\"\n\x04mode\x18\x03 \x01(\x0e\x32\x14.simrun.v1.SplitMode\x12%\n\x05reuse\x18\x14 \x01(\x0e\x32\x16.simrun.v1.ReusePolicy\x12\x1a\n\x12resume_from_run_id\x18\x15 \x01(\t\x12\r\n\x05rerun\x18\x16 \x03(\t\"\xc1\x01\n\x0cTaskEstimate\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04plan\x18\x02 \x01(\x0b\x32\x13.simrun.v1.TaskPlan\x12/\n\tresources\x18\x03 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\x12\x14\n\x07seconds\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12*\n\x0breused_from\x18\x14 \x01(\x0b\x32\x15.simrun.v1.ReusedFromB\n\n\x08_seconds\"=\n\x13\x45stimateRunResponse\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.simrun.v1.TaskEstimate\"9\n\x10ListNodesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"L\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.simrun.v1.Node\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"j\n\x12ListOutputsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"a\n\nOutputFile\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x12\n\nstore_path\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\"T\n\x13ListOutputsResponse\x12$\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x15.simrun.v1.OutputFile\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x12\x46\x65tchOutputRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\t\"U\n\x13\x46\x65tchOutputResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x32\xbd\x06\n\x11RunTrackerService\x12\x46\n\tSubmitRun\x12\x1b.simrun.v1.SubmitRunRequest\x1a\x1c.simrun.v1.SubmitRunResponse\x12=\n\x06GetRun\x12\x18.simrun.v1.GetRunRequest\x1a\x19.simrun.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.simrun.v1.ListRunsRequest\x1a\x1b.simrun.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.simrun.v1.CancelRunRequest\x1a\x1c.simrun.v1.CancelRunResponse\x12\x45\n\x08WatchRun\x12\x1a.simrun.v1.WatchRunRequest\x1a\x1b.simrun.v1.WatchRunResponse0\x01\x12K\n\nStreamLogs\x12\x1c.simrun.v1.StreamLogsRequest\x1a\x1d.simrun.v1.StreamLogsResponse0\x01\x12L\n\x0b\x43ompareRuns\x12\x1d.simrun.v1.CompareRunsRequest\x1a\x1e.simrun.v1.CompareRunsResponse\x12L\n\x0b\x45stimateRun\x12\x1d.simrun.v1.EstimateRunRequest\x1a\x1e.simrun.v1.EstimateRunResponse\x12\x46\n\tListNodes\x12\x1b.simrun.v1.ListNodesRequest\x1a\x1c.simrun.v1.ListNodesResponse\x12L\n\x0bListOutputs\x12\x1d.simrun.v1.ListOutputsRequest\x1a\x1e.simrun.v1.ListOutputsResponse\x12N\n\x0b\x46\x65tchOutput\x12\x1d.simrun.v1.FetchOutputRequest\x1a\x1e.simrun.v1.FetchOutputResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17simrun/v1/tracker.proto\x12\tsimrun.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16simrun/v1/common.proto\"\xf6\x01\n\x10SubmitRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\r\n\x05group\x18\x03 \x01(\t\x12\"\n\x04mode\x18\x04 \x01(\x0e\x32\x14.simrun.v1.SplitMode\x12\x0f\n\x07reserve\x18\x05 \x01(\t\x12\x12\n\nrequest_id\x18\x06 \x01(\t\x12%\n\x05reuse\x18\x14 \x01(\x0e\x32\x16.simrun.v1.ReusePolicy\x12\x1a\n\x12resume_from_run_id\x18\x15 \x01(\t\x12\r\n\x05rerun\x18\x16 \x03(\t\"0\n\x11SubmitRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"-\n\x0eGetRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"z\n\x0fListRunsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.simrun.v1.RunState\x12\r\n\x05owner\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"I\n\x10ListRunsResponse\x12\x1c\n\x04runs\x18\x01 \x03(\x0b\x32\x0e.simrun.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\"\n\x10\x43\x61ncelRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"0\n\x11\x43\x61ncelRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"!\n\x0fWatchRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"v\n\x0cTaskProgress\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x12\n\x05units\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nunits_done\x18\x03 \x01(\x05\x12#\n\x05state\x18\x04 \x01(\x0e\x32\x14.simrun.v1.TaskStateB\x08\n\x06_units\"Z\n\x10WatchRunResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\x12)\n\x08progress\x18\x02 \x03(\x0b\x32\x17.simrun.v1.TaskProgress\"\x7f\n\x10WatchRunsRequest\x12\r\n\x05group\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.simrun.v1.RunState\x12\r\n\x05owner\x18\x03 \x01(\t\x12)\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"0\n\x11WatchRunsResponse\x12\x1b\n\x03run\x18\x01 \x01(\x0b\x32\x0e.simrun.v1.Run\"T\n\x11StreamLogsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\"0\n\x12StreamLogsResponse\x12\x0b\n\x03pod\x18\x01 \x01(\t\x12\r\n\x05lines\x18\x02 \x01(\t\"4\n\x12\x43ompareRunsRequest\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12\r\n\x05group\x18\x02 \x01(\t\"=\n\rComparisonRow\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06values\x18\x03 \x03(\t\"y\n\x13\x43ompareRunsResponse\x12\x0f\n\x07run_ids\x18\x01 \x03(\t\x12&\n\x04rows\x18\x02 \x03(\x0b\x32\x18.simrun.v1.ComparisonRow\x12)\n\x07sources\x18\x03 \x03(\x0b\x32\x18.simrun.v1.ComparisonRow\"\xc4\x01\n\x12\x45stimateRunRequest\x12\x10\n\x08workflow\x18\x01 \x01(\t\x12&\n\tsnapshots\x18\x02 \x03(\x0b\x32\x13.simrun.v1.Snapshot\x12\"\n\x04mode\x18\x03 \x01(\x0e\x32\x14.simrun.v1.SplitMode\x12%\n\x05reuse\x18\x14 \x01(\x0e\x32\x16.simrun.v1.ReusePolicy\x12\x1a\n\x12resume_from_run_id\x18\x15 \x01(\t\x12\r\n\x05rerun\x18\x16 \x03(\t\"\xc1\x01\n\x0cTaskEstimate\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12!\n\x04plan\x18\x02 \x01(\x0b\x32\x13.simrun.v1.TaskPlan\x12/\n\tresources\x18\x03 \x01(\x0b\x32\x1c.simrun.v1.ResolvedResources\x12\x14\n\x07seconds\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12*\n\x0breused_from\x18\x14 \x01(\x0b\x32\x15.simrun.v1.ReusedFromB\n\n\x08_seconds\"=\n\x13\x45stimateRunResponse\x12&\n\x05tasks\x18\x01 \x03(\x0b\x32\x17.simrun.v1.TaskEstimate\"9\n\x10ListNodesRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"L\n\x11ListNodesResponse\x12\x1e\n\x05nodes\x18\x01 \x03(\x0b\x32\x0f.simrun.v1.Node\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"j\n\x12ListOutputsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\t\x12\x11\n\tpage_size\x18\x04 \x01(\x05\x12\x12\n\npage_token\x18\x05 \x01(\t\"a\n\nOutputFile\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x12\n\nstore_path\x18\x04 \x01(\t\x12\x12\n\nsize_bytes\x18\x05 \x01(\x03\"T\n\x13ListOutputsResponse\x12$\n\x05\x66iles\x18\x01 \x03(\x0b\x32\x15.simrun.v1.OutputFile\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"C\n\x12\x46\x65tchOutputRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\t\"U\n\x13\x46\x65tchOutputResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x32\x87\x07\n\x11RunTrackerService\x12\x46\n\tSubmitRun\x12\x1b.simrun.v1.SubmitRunRequest\x1a\x1c.simrun.v1.SubmitRunResponse\x12=\n\x06GetRun\x12\x18.simrun.v1.GetRunRequest\x1a\x19.simrun.v1.GetRunResponse\x12\x43\n\x08ListRuns\x12\x1a.simrun.v1.ListRunsRequest\x1a\x1b.simrun.v1.ListRunsResponse\x12\x46\n\tCancelRun\x12\x1b.simrun.v1.CancelRunRequest\x1a\x1c.simrun.v1.CancelRunResponse\x12\x45\n\x08WatchRun\x12\x1a.simrun.v1.WatchRunRequest\x1a\x1b.simrun.v1.WatchRunResponse0\x01\x12H\n\tWatchRuns\x12\x1b.simrun.v1.WatchRunsRequest\x1a\x1c.simrun.v1.WatchRunsResponse0\x01\x12K\n\nStreamLogs\x12\x1c.simrun.v1.StreamLogsRequest\x1a\x1d.simrun.v1.StreamLogsResponse0\x01\x12L\n\x0b\x43ompareRuns\x12\x1d.simrun.v1.CompareRunsRequest\x1a\x1e.simrun.v1.CompareRunsResponse\x12L\n\x0b\x45stimateRun\x12\x1d.simrun.v1.EstimateRunRequest\x1a\x1e.simrun.v1.EstimateRunResponse\x12\x46\n\tListNodes\x12\x1b.simrun.v1.ListNodesRequest\x1a\x1c.simrun.v1.ListNodesResponse\x12L\n\x0bListOutputs\x12\x1d.simrun.v1.ListOutputsRequest\x1a\x1e.simrun.v1.ListOutputsResponse\x12N\n\x0b\x46\x65tchOutput\x12\x1d.simrun.v1.FetchOutputRequest\x1a\x1e.simrun.v1.FetchOutputResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'simrun.v1.tracker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SUBMITRUNREQUEST']._serialized_start=63
-  _globals['_SUBMITRUNREQUEST']._serialized_end=309
-  _globals['_SUBMITRUNRESPONSE']._serialized_start=311
-  _globals['_SUBMITRUNRESPONSE']._serialized_end=359
-  _globals['_GETRUNREQUEST']._serialized_start=361
-  _globals['_GETRUNREQUEST']._serialized_end=392
-  _globals['_GETRUNRESPONSE']._serialized_start=394
-  _globals['_GETRUNRESPONSE']._serialized_end=439
-  _globals['_LISTRUNSREQUEST']._serialized_start=441
-  _globals['_LISTRUNSREQUEST']._serialized_end=563
-  _globals['_LISTRUNSRESPONSE']._serialized_start=565
-  _globals['_LISTRUNSRESPONSE']._serialized_end=638
-  _globals['_CANCELRUNREQUEST']._serialized_start=640
-  _globals['_CANCELRUNREQUEST']._serialized_end=674
-  _globals['_CANCELRUNRESPONSE']._serialized_start=676
-  _globals['_CANCELRUNRESPONSE']._serialized_end=724
-  _globals['_WATCHRUNREQUEST']._serialized_start=726
-  _globals['_WATCHRUNREQUEST']._serialized_end=759
-  _globals['_TASKPROGRESS']._serialized_start=761
-  _globals['_TASKPROGRESS']._serialized_end=879
-  _globals['_WATCHRUNRESPONSE']._serialized_start=881
-  _globals['_WATCHRUNRESPONSE']._serialized_end=971
-  _globals['_STREAMLOGSREQUEST']._serialized_start=973
-  _globals['_STREAMLOGSREQUEST']._serialized_end=1057
-  _globals['_STREAMLOGSRESPONSE']._serialized_start=1059
-  _globals['_STREAMLOGSRESPONSE']._serialized_end=1107
-  _globals['_COMPARERUNSREQUEST']._serialized_start=1109
-  _globals['_COMPARERUNSREQUEST']._serialized_end=1161
-  _globals['_COMPARISONROW']._serialized_start=1163
-  _globals['_COMPARISONROW']._serialized_end=1224
-  _globals['_COMPARERUNSRESPONSE']._serialized_start=1226
-  _globals['_COMPARERUNSRESPONSE']._serialized_end=1347
-  _globals['_ESTIMATERUNREQUEST']._serialized_start=1350
-  _globals['_ESTIMATERUNREQUEST']._serialized_end=1546
-  _globals['_TASKESTIMATE']._serialized_start=1549
-  _globals['_TASKESTIMATE']._serialized_end=1742
-  _globals['_ESTIMATERUNRESPONSE']._serialized_start=1744
-  _globals['_ESTIMATERUNRESPONSE']._serialized_end=1805
-  _globals['_LISTNODESREQUEST']._serialized_start=1807
-  _globals['_LISTNODESREQUEST']._serialized_end=1864
-  _globals['_LISTNODESRESPONSE']._serialized_start=1866
-  _globals['_LISTNODESRESPONSE']._serialized_end=1942
-  _globals['_LISTOUTPUTSREQUEST']._serialized_start=1944
-  _globals['_LISTOUTPUTSREQUEST']._serialized_end=2050
-  _globals['_OUTPUTFILE']._serialized_start=2052
-  _globals['_OUTPUTFILE']._serialized_end=2149
-  _globals['_LISTOUTPUTSRESPONSE']._serialized_start=2151
-  _globals['_LISTOUTPUTSRESPONSE']._serialized_end=2235
-  _globals['_FETCHOUTPUTREQUEST']._serialized_start=2237
-  _globals['_FETCHOUTPUTREQUEST']._serialized_end=2304
-  _globals['_FETCHOUTPUTRESPONSE']._serialized_start=2306
-  _globals['_FETCHOUTPUTRESPONSE']._serialized_end=2391
-  _globals['_RUNTRACKERSERVICE']._serialized_start=2394
-  _globals['_RUNTRACKERSERVICE']._serialized_end=3223
+  _globals['_SUBMITRUNREQUEST']._serialized_start=96
+  _globals['_SUBMITRUNREQUEST']._serialized_end=342
+  _globals['_SUBMITRUNRESPONSE']._serialized_start=344
+  _globals['_SUBMITRUNRESPONSE']._serialized_end=392
+  _globals['_GETRUNREQUEST']._serialized_start=394
+  _globals['_GETRUNREQUEST']._serialized_end=425
+  _globals['_GETRUNRESPONSE']._serialized_start=427
+  _globals['_GETRUNRESPONSE']._serialized_end=472
+  _globals['_LISTRUNSREQUEST']._serialized_start=474
+  _globals['_LISTRUNSREQUEST']._serialized_end=596
+  _globals['_LISTRUNSRESPONSE']._serialized_start=598
+  _globals['_LISTRUNSRESPONSE']._serialized_end=671
+  _globals['_CANCELRUNREQUEST']._serialized_start=673
+  _globals['_CANCELRUNREQUEST']._serialized_end=707
+  _globals['_CANCELRUNRESPONSE']._serialized_start=709
+  _globals['_CANCELRUNRESPONSE']._serialized_end=757
+  _globals['_WATCHRUNREQUEST']._serialized_start=759
+  _globals['_WATCHRUNREQUEST']._serialized_end=792
+  _globals['_TASKPROGRESS']._serialized_start=794
+  _globals['_TASKPROGRESS']._serialized_end=912
+  _globals['_WATCHRUNRESPONSE']._serialized_start=914
+  _globals['_WATCHRUNRESPONSE']._serialized_end=1004
+  _globals['_WATCHRUNSREQUEST']._serialized_start=1006
+  _globals['_WATCHRUNSREQUEST']._serialized_end=1133
+  _globals['_WATCHRUNSRESPONSE']._serialized_start=1135
+  _globals['_WATCHRUNSRESPONSE']._serialized_end=1183
+  _globals['_STREAMLOGSREQUEST']._serialized_start=1185
+  _globals['_STREAMLOGSREQUEST']._serialized_end=1269
+  _globals['_STREAMLOGSRESPONSE']._serialized_start=1271
+  _globals['_STREAMLOGSRESPONSE']._serialized_end=1319
+  _globals['_COMPARERUNSREQUEST']._serialized_start=1321
+  _globals['_COMPARERUNSREQUEST']._serialized_end=1373
+  _globals['_COMPARISONROW']._serialized_start=1375
+  _globals['_COMPARISONROW']._serialized_end=1436
+  _globals['_COMPARERUNSRESPONSE']._serialized_start=1438
+  _globals['_COMPARERUNSRESPONSE']._serialized_end=1559
+  _globals['_ESTIMATERUNREQUEST']._serialized_start=1562
+  _globals['_ESTIMATERUNREQUEST']._serialized_end=1758
+  _globals['_TASKESTIMATE']._serialized_start=1761
+  _globals['_TASKESTIMATE']._serialized_end=1954
+  _globals['_ESTIMATERUNRESPONSE']._serialized_start=1956
+  _globals['_ESTIMATERUNRESPONSE']._serialized_end=2017
+  _globals['_LISTNODESREQUEST']._serialized_start=2019
+  _globals['_LISTNODESREQUEST']._serialized_end=2076
+  _globals['_LISTNODESRESPONSE']._serialized_start=2078
+  _globals['_LISTNODESRESPONSE']._serialized_end=2154
+  _globals['_LISTOUTPUTSREQUEST']._serialized_start=2156
+  _globals['_LISTOUTPUTSREQUEST']._serialized_end=2262
+  _globals['_OUTPUTFILE']._serialized_start=2264
+  _globals['_OUTPUTFILE']._serialized_end=2361
+  _globals['_LISTOUTPUTSRESPONSE']._serialized_start=2363
+  _globals['_LISTOUTPUTSRESPONSE']._serialized_end=2447
+  _globals['_FETCHOUTPUTREQUEST']._serialized_start=2449
+  _globals['_FETCHOUTPUTREQUEST']._serialized_end=2516
+  _globals['_FETCHOUTPUTRESPONSE']._serialized_start=2518
+  _globals['_FETCHOUTPUTRESPONSE']._serialized_end=2603
+  _globals['_RUNTRACKERSERVICE']._serialized_start=2606
+  _globals['_RUNTRACKERSERVICE']._serialized_end=3509
 # @@protoc_insertion_point(module_scope)

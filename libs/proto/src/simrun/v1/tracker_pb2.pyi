@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from simrun.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
@@ -346,6 +347,66 @@ class WatchRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchRunResponse: _TypeAlias = WatchRunResponse  # noqa: Y015
+
+@_typing.final
+class WatchRunsRequest(_message.Message):
+    """The new runs to follow: a listing's filters, as in ListRuns."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    OWNER_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """Only runs of this group; empty for all."""
+    state: _common_pb2.RunState.ValueType
+    """Only runs in this state; UNSPECIFIED for all."""
+    owner: _builtins.str
+    """Only runs submitted by this identity name; empty for all."""
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """Only runs submitted after this time (the newest run a listing showed); unset for those submitted after the call began."""
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        state: _common_pb2.RunState.ValueType = ...,
+        owner: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group", b"group", "owner", b"owner", "since", b"since", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRunsRequest: _TypeAlias = WatchRunsRequest  # noqa: Y015
+
+@_typing.final
+class WatchRunsResponse(_message.Message):
+    """A new run, as it is submitted or whenever it changes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run now, with its units done."""
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRunsResponse: _TypeAlias = WatchRunsResponse  # noqa: Y015
 
 @_typing.final
 class StreamLogsRequest(_message.Message):

@@ -60,6 +60,11 @@ class RunTrackerServiceStub:
                 request_serializer=simrun_dot_v1_dot_tracker__pb2.WatchRunRequest.SerializeToString,
                 response_deserializer=simrun_dot_v1_dot_tracker__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
+        self.WatchRuns = channel.unary_stream(
+                '/simrun.v1.RunTrackerService/WatchRuns',
+                request_serializer=simrun_dot_v1_dot_tracker__pb2.WatchRunsRequest.SerializeToString,
+                response_deserializer=simrun_dot_v1_dot_tracker__pb2.WatchRunsResponse.FromString,
+                _registered_method=True)
         self.StreamLogs = channel.unary_stream(
                 '/simrun.v1.RunTrackerService/StreamLogs',
                 request_serializer=simrun_dot_v1_dot_tracker__pb2.StreamLogsRequest.SerializeToString,
@@ -126,6 +131,13 @@ class RunTrackerServiceServicer:
 
     def WatchRun(self, request, context):
         """Streams a run's state and progress whenever they change, until it ends. Returns NOT_FOUND for an unknown run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRuns(self, request, context):
+        """Streams the runs submitted after a time that match a listing's filters and that the caller may read: each as it is submitted (or first seen in the state asked for) and whenever it changes, the newest 50 at most, until the call ends. Returns INVALID_ARGUMENT for an unknown state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +212,11 @@ def add_RunTrackerServiceServicer_to_server(servicer, server):
                     servicer.WatchRun,
                     request_deserializer=simrun_dot_v1_dot_tracker__pb2.WatchRunRequest.FromString,
                     response_serializer=simrun_dot_v1_dot_tracker__pb2.WatchRunResponse.SerializeToString,
+            ),
+            'WatchRuns': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRuns,
+                    request_deserializer=simrun_dot_v1_dot_tracker__pb2.WatchRunsRequest.FromString,
+                    response_serializer=simrun_dot_v1_dot_tracker__pb2.WatchRunsResponse.SerializeToString,
             ),
             'StreamLogs': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamLogs,
@@ -368,6 +385,33 @@ class RunTrackerService:
             '/simrun.v1.RunTrackerService/WatchRun',
             simrun_dot_v1_dot_tracker__pb2.WatchRunRequest.SerializeToString,
             simrun_dot_v1_dot_tracker__pb2.WatchRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/simrun.v1.RunTrackerService/WatchRuns',
+            simrun_dot_v1_dot_tracker__pb2.WatchRunsRequest.SerializeToString,
+            simrun_dot_v1_dot_tracker__pb2.WatchRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

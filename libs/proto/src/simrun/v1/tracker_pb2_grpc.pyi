@@ -43,6 +43,8 @@ class RunTrackerServiceStub:
     """Cancels a run and stops its pods. Returns NOT_FOUND for an unknown run, PERMISSION_DENIED for another's run unless the caller is the owner, FAILED_PRECONDITION for a run already ended."""
     WatchRun: _grpc.UnaryStreamMultiCallable[_tracker_pb2.WatchRunRequest, _tracker_pb2.WatchRunResponse]
     """Streams a run's state and progress whenever they change, until it ends. Returns NOT_FOUND for an unknown run."""
+    WatchRuns: _grpc.UnaryStreamMultiCallable[_tracker_pb2.WatchRunsRequest, _tracker_pb2.WatchRunsResponse]
+    """Streams the runs submitted after a time that match a listing's filters and that the caller may read: each as it is submitted (or first seen in the state asked for) and whenever it changes, the newest 50 at most, until the call ends. Returns INVALID_ARGUMENT for an unknown state."""
     StreamLogs: _grpc.UnaryStreamMultiCallable[_tracker_pb2.StreamLogsRequest, _tracker_pb2.StreamLogsResponse]
     """Streams the logs of a task's pods, following them while the task runs if asked. Returns NOT_FOUND for an unknown run or task."""
     CompareRuns: _grpc.UnaryUnaryMultiCallable[_tracker_pb2.CompareRunsRequest, _tracker_pb2.CompareRunsResponse]
@@ -71,6 +73,8 @@ class RunTrackerServiceAsyncStub(RunTrackerServiceStub):
     """Cancels a run and stops its pods. Returns NOT_FOUND for an unknown run, PERMISSION_DENIED for another's run unless the caller is the owner, FAILED_PRECONDITION for a run already ended."""
     WatchRun: _aio.UnaryStreamMultiCallable[_tracker_pb2.WatchRunRequest, _tracker_pb2.WatchRunResponse]  # type: ignore[assignment]
     """Streams a run's state and progress whenever they change, until it ends. Returns NOT_FOUND for an unknown run."""
+    WatchRuns: _aio.UnaryStreamMultiCallable[_tracker_pb2.WatchRunsRequest, _tracker_pb2.WatchRunsResponse]  # type: ignore[assignment]
+    """Streams the runs submitted after a time that match a listing's filters and that the caller may read: each as it is submitted (or first seen in the state asked for) and whenever it changes, the newest 50 at most, until the call ends. Returns INVALID_ARGUMENT for an unknown state."""
     StreamLogs: _aio.UnaryStreamMultiCallable[_tracker_pb2.StreamLogsRequest, _tracker_pb2.StreamLogsResponse]  # type: ignore[assignment]
     """Streams the logs of a task's pods, following them while the task runs if asked. Returns NOT_FOUND for an unknown run or task."""
     CompareRuns: _aio.UnaryUnaryMultiCallable[_tracker_pb2.CompareRunsRequest, _tracker_pb2.CompareRunsResponse]  # type: ignore[assignment]
@@ -126,6 +130,14 @@ class RunTrackerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_tracker_pb2.WatchRunResponse], _abc.AsyncIterator[_tracker_pb2.WatchRunResponse]]:
         """Streams a run's state and progress whenever they change, until it ends. Returns NOT_FOUND for an unknown run."""
+
+    @_abc_1.abstractmethod
+    def WatchRuns(
+        self,
+        request: _tracker_pb2.WatchRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_tracker_pb2.WatchRunsResponse], _abc.AsyncIterator[_tracker_pb2.WatchRunsResponse]]:
+        """Streams the runs submitted after a time that match a listing's filters and that the caller may read: each as it is submitted (or first seen in the state asked for) and whenever it changes, the newest 50 at most, until the call ends. Returns INVALID_ARGUMENT for an unknown state."""
 
     @_abc_1.abstractmethod
     def StreamLogs(
