@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -158,7 +159,7 @@ def test_a_reduced_study_matches_cluster_env_and_one_more_seed_computes_only_its
             again = {(r["policy"], r["flow"], int(r["seed"])): r for r in csv.DictReader(file)}
         assert {k: v for k, v in again.items() if k[2] != 3} == table
         compared = cli("compare", first["run_id"], second["run_id"])
-        assert "episodes" in compared
+        assert re.search(r"episodes\s+settings\.seeds\s+\[1, 2\]\s+\[1, 2, 3\]", compared), compared
     finally:
         server.send_signal(signal.SIGTERM)
         try:
