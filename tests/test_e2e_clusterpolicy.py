@@ -12,6 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -139,14 +141,34 @@ def test_a_reduced_study_matches_cluster_env_and_one_more_seed_computes_only_its
             assert got == {key: float(expected[key]) for key in got}, (policy, flow_name, seed)
             assert int(row["unfinished"]) == expected["unfinished"]
 
+        # The web view, logged in by `simrun ui`'s one-time link: the run's locked packages, and the table's plot
+        # with one mark per episode.
+        link = cli("ui", "--no-browser").strip().splitlines()[-1]
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        browser.open(link, timeout=30).close()
+        base = link.split("/login")[0]
+        run_page = browser.open(f"{base}/runs/{first['run_id']}", timeout=30).read().decode()
+        assert re.search(r"<li><code>numpy==[0-9.]+</code></li>", run_page), run_page[-3000:]
+        query = urllib.parse.urlencode({"port": "table", "path": "episodes.csv", "x": "seed", "y": "cost"})
+        spec = json.load(browser.open(f"{base}/runs/{first['run_id']}/tasks/episodes/table.json?{query}", timeout=30))
+        assert len(spec["data"]["values"]) == len(table), spec
+
         report = tmp_path / "report"
         cli("fetch", first["run_id"], "rank", "report", str(report))
         assert "## synthetic" in (report / "report.md").read_text()
         assert (report / "pareto.csv").read_text().startswith("flow,policy,mean_cost,mean_shortfall")
 
-        # One more seed: every unit computed already is reused at its new index; only seed 3's are computed.
-        (model / "study.yaml").write_text(STUDY.format(seeds="[1, 2, 3]"))
-        out = cli("submit", "study.yaml", "--watch")
+        # One more seed, in a second workflow file beside the first (a workflow file of the tree is not in the
+        # keys): every unit computed already is reused at its new index; only seed 3's are computed.
+        (model / "study-3-seeds.yaml").write_text(STUDY.format(seeds="[1, 2, 3]"))
+        estimated = {t["task_id"]: t for t in json.loads(cli("estimate", "study-3-seeds.yaml", "--json"))["tasks"]}
+        assert estimated["train"]["reused_from"] == {
+            "run_id": first["run_id"],
+            "task_id": "train",
+            "units": len(FLOWS) * 2,
+        }
+        assert estimated["episodes"]["reused_from"]["units"] == POLICIES * len(FLOWS) * 2
+        out = cli("submit", "study-3-seeds.yaml", "--watch")
         second = run_record(home, out.split()[2])
         assert second["state"] == "succeeded", out
         train, episodes = second["tasks"]["train"], second["tasks"]["episodes"]

@@ -17,6 +17,7 @@ from simrun_core.key_index import KeyIndex, ReuseSource
 from simrun_core.reuse import (
     KeyInputs,
     ReusePolicy,
+    SnapshotContent,
     UnitDescription,
     link_outputs,
     may_reuse,
@@ -328,6 +329,48 @@ def test_the_workflow_file_is_left_out_of_a_snapshots_key():
     assert snapshot_key(code_edited, "tasks: a") != snapshot_key(listing, "tasks: a")
     made_executable = {**listing, "executable": ["model.py"]}
     assert snapshot_key(made_executable, "tasks: a") != snapshot_key(listing, "tasks: a")
+
+
+def test_every_workflow_file_of_a_snapshot_is_left_out_of_its_key(tmp_path):
+    """A second study's workflow beside the first changes no key; a YAML file that is not a workflow (a CI file,
+    one with `tasks:` that simrun would refuse, one too large to be a workflow) counts, as a symlink does."""
+    import hashlib
+
+    from simrun_core.reuse import WORKFLOW_BYTES, workflow_files
+
+    files = {
+        "model.py": "code",
+        "study.yaml": "tasks:\n  scan: {type: m:Scan, settings: {seeds: [1, 2]}}\n",
+        "more/study-3.yml": "tasks:\n  scan: {type: m:Scan, settings: {seeds: [1, 2, 3]}}\n",
+        "wf.json": '{"tasks": {"a": {"type": "m:A"}}}',
+        ".github/ci.yaml": "jobs:\n  test: {runs-on: ubuntu-latest}\n",
+        "bad.yaml": "tasks:\n  Not-A-Task-Id: {type: m:A}\n",
+        "big.yaml": "tasks:\n  a: {type: m:A}\n#" + "x" * WORKFLOW_BYTES,
+        "study.txt": "tasks:\n  a: {type: m:A}\n",
+        "binary.yaml": "\udcff",
+    }
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(text.encode(errors="surrogateescape"))
+    (tmp_path / "link.yaml").symlink_to("study.yaml")
+
+    def sha(text: str) -> str:
+        return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()
+
+    listing = {
+        "files": {**{path: sha(text) for path, text in files.items()}, "link.yaml": sha("study.yaml")},
+        "executable": [],
+        "symlinks": {"link.yaml": "study.yaml"},
+    }
+    found = workflow_files(listing, tmp_path)
+    assert found == {"study.yaml", "more/study-3.yml", "wf.json"}
+    key = SnapshotContent.of(listing, found).key(files["study.yaml"])
+    assert key == snapshot_key(listing, files["study.yaml"], found)
+    fewer = {**listing, "files": {k: v for k, v in listing["files"].items() if k not in {"more/study-3.yml"}}}
+    assert key == snapshot_key(fewer, None, workflow_files(fewer, tmp_path)), "a second study changes no key"
+    edited = {**listing, "files": {**listing["files"], ".github/ci.yaml": sha("jobs: {}")}}
+    assert snapshot_key(edited, None, found) != snapshot_key(listing, None, found), "a file that is no workflow counts"
+    assert workflow_files({**listing, "files": {"gone.yaml": sha("x")}}, tmp_path) == frozenset()
 
 
 def test_the_servers_own_python_is_keyed_by_what_is_installed_in_it(monkeypatch):

@@ -41,6 +41,7 @@ from simrun_core.access import Submitter, may_read
 from simrun_core.config import ReadPolicy
 from simrun_core.errors import InvalidArgument
 from simrun_core.identity import Identity, IdentityKind
+from simrun_core.workflow import parse_workflow
 
 KEY_VERSION = 1
 """Part of every key: a change of what a key covers gives every task a new key, never a wrong hit."""
@@ -87,20 +88,54 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def snapshot_key(listing: Mapping[str, Any], workflow_text: str | None = None) -> str:
-    """The content id of a snapshot for task keys, from its listing (`<snapshot_id>.files.json`), without the
-    workflow file: the workflow's settings and wiring are in every key already, so changing one task's setting
-    in a workflow kept in the model's tree must not change the keys of the others.
+WORKFLOW_SUFFIXES = (".yaml", ".yml", ".json")
+"""Names a workflow file of a snapshot may have to be found as one: a workflow kept under another name counts in
+its snapshot's key unless it is the submitted one."""
+WORKFLOW_BYTES = 1 << 20
+"""Files larger than a workflow may be (the service's default limit) are not read to find workflows."""
 
-    A file whose content is the workflow text is left out; everything else counts: path, content, executable
-    bit, symlink target.
+
+def workflow_files(listing: Mapping[str, Any], folder: Path) -> frozenset[str]:
+    """The paths of a snapshot's workflow files: regular files named `*.yaml`, `*.yml` or `*.json` of at most
+    `WORKFLOW_BYTES` that `parse_workflow` accepts, read from the snapshot's `folder`. A file that cannot be read
+    is not one (it then counts in the key, which loses reuse and never gives a wrong one)."""
+    symlinks = dict(listing.get("symlinks", {}))
+    found = set()
+    for path in dict(listing.get("files", {})):
+        if path in symlinks or not path.endswith(WORKFLOW_SUFFIXES):
+            continue
+        try:
+            with (folder / path).open("rb") as file:
+                data = file.read(WORKFLOW_BYTES + 1)
+        except OSError:
+            continue
+        if len(data) > WORKFLOW_BYTES or b"tasks" not in data:
+            continue
+        try:
+            parse_workflow(data.decode())
+        except (InvalidArgument, UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        found.add(path)
+    return frozenset(found)
+
+
+def snapshot_key(
+    listing: Mapping[str, Any], workflow_text: str | None = None, workflows: frozenset[str] = frozenset()
+) -> str:
+    """The content id of a snapshot for task keys, from its listing (`<snapshot_id>.files.json`), without its
+    workflow files: a workflow's settings and wiring are in every key already, so changing one task's setting in
+    a workflow kept in the model's tree must not change the keys of the others, and neither must adding a second
+    study's workflow beside the first.
+
+    Left out: the files at `workflows` (`workflow_files`) and any regular file whose content is the submitted
+    workflow text; everything else counts: path, content, executable bit, symlink target.
     """
     skip = hashlib.sha256(workflow_text.encode()).hexdigest() if workflow_text is not None else None
     executable = set(listing.get("executable", ()))
     symlinks = dict(listing.get("symlinks", {}))
     digest = hashlib.sha256(f"snapshot-key {KEY_VERSION}\n".encode())
     for path, sha256 in sorted(dict(listing.get("files", {})).items()):
-        if sha256 == skip and path not in symlinks:
+        if (sha256 == skip or path in workflows) and path not in symlinks:
             continue
         kind = "l" if path in symlinks else ("x" if path in executable else "f")
         digest.update(f"{path}\0{kind}\0{sha256}\0{symlinks.get(path, '')}\n".encode())
@@ -109,29 +144,34 @@ def snapshot_key(listing: Mapping[str, Any], workflow_text: str | None = None) -
 
 @dataclass(frozen=True)
 class SnapshotContent:
-    """What task keys need of a snapshot's listing, kept small: the key with every file counted, and a hash of
-    each regular file's digest (8 bytes a file). A snapshot never changes, so a submission need not read and hash
-    its whole listing again (a cost that grew with the model's files: 4.8 ms a submission at 5,000 files)."""
+    """What task keys need of a snapshot's listing, kept small: the key with every file but its workflow files
+    counted, the workflow files' paths, and a hash of each other regular file's digest (8 bytes a file). A snapshot
+    never changes, so a submission need not read and hash its whole listing again (a cost that grew with the
+    model's files: 4.8 ms a submission at 5,000 files)."""
 
     whole_key: str
     digests: array[int]
-    """`hash()` of every regular file's SHA-256, sorted: a text no file holds leaves every file in its key."""
+    """`hash()` of the SHA-256 of every regular file but the workflow files, sorted: a text no such file holds
+    leaves every file in its key."""
+    workflows: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, listing: Mapping[str, Any]) -> SnapshotContent:
+    def of(cls, listing: Mapping[str, Any], workflows: frozenset[str] = frozenset()) -> SnapshotContent:
         symlinks = dict(listing.get("symlinks", {}))
         files = dict(listing.get("files", {}))
-        digests = array("q", sorted({hash(sha) for path, sha in files.items() if path not in symlinks}))
-        return cls(snapshot_key(listing, None), digests)
+        digests = array(
+            "q", sorted({hash(sha) for path, sha in files.items() if path not in symlinks and path not in workflows})
+        )
+        return cls(snapshot_key(listing, None, workflows), digests, workflows)
 
     @property
     def files(self) -> int:
         """How many distinct digests it keeps (what it costs in memory)."""
-        return len(self.digests)
+        return len(self.digests) + len(self.workflows)
 
     def key(self, workflow_text: str | None) -> str | None:
-        """`snapshot_key(listing, workflow_text)` when no file of the snapshot may hold `workflow_text`; None
-        when one may (then only the listing can say which files count)."""
+        """`snapshot_key(listing, workflow_text, workflows)` when no file but a workflow file may hold
+        `workflow_text`; None when one may (then only the listing can say which files count)."""
         if workflow_text is None:
             return self.whole_key
         wanted = hash(hashlib.sha256(workflow_text.encode()).hexdigest())

@@ -31,6 +31,7 @@ from simrun_core.reuse import (
     snapshot_key,
     task_keys,
     unit_keys,
+    workflow_files,
 )
 from simrun_runtime.layout import NAME, RunLayout, StoreLayout
 from simrun_runtime.record import Identity as RecordIdentity
@@ -99,8 +100,9 @@ SNAPSHOT_FILES_KEPT = 4_000_000
 
 
 class SnapshotKeys:
-    """The content of each snapshot as task keys see it (without the workflow file), its listing read once per
-    snapshot: a snapshot never changes, and a sweep's submissions use the same few. Safe across threads."""
+    """The content of each snapshot as task keys see it (without its workflow files), its listing and workflow
+    files read once per snapshot: a snapshot never changes, and a sweep's submissions use the same few. Safe
+    across threads."""
 
     def __init__(self, store: StoreLayout, kept: int = SNAPSHOTS_KEPT, files_kept: int = SNAPSHOT_FILES_KEPT) -> None:
         self.store = store
@@ -130,7 +132,8 @@ class SnapshotKeys:
         """The key from the listing on disk, whose content is kept for the next submission."""
         try:
             listing = json.loads(self.store.snapshot_files(*name).read_text())
-            content = SnapshotContent.of(listing)
+            workflows = workflow_files(listing, self.store.snapshot(*name))
+            content = SnapshotContent.of(listing, workflows)
         except (OSError, ValueError, TypeError, AttributeError):
             return name[1]  # not kept: a listing unreadable now may be readable later
         if content.files <= self._files_kept:
@@ -141,7 +144,7 @@ class SnapshotKeys:
                 self._contents.move_to_end(name)
                 while len(self._contents) > self._kept or self._files > self._files_kept:
                     self._files -= self._contents.popitem(last=False)[1].files
-        return content.key(workflow_text) or snapshot_key(listing, workflow_text)
+        return content.key(workflow_text) or snapshot_key(listing, workflow_text, workflows)
 
 
 def keys_of(snapshots: SnapshotKeys, record: RunRecord, planned: list[PlannedTask]) -> dict[str, str | None]:
@@ -272,20 +275,26 @@ def apply_reuse(record: RunRecord, run: RunLayout, store: StoreLayout, sources: 
                 _reused_whole(task, source, now)
                 reused.append(task_id)
         elif task.units:
-            indices = None
-            if source.by_unit_keys:
-                earlier_index = {
-                    key: i for i, key in enumerate(read_unit_keys(store.run(source.run_id), task_id=source.task_id))
-                }
-                indices = {
-                    new: earlier_index[key]
-                    for new, key in enumerate(read_unit_keys(run, task_id))
-                    if key in earlier_index
-                }
+            indices = unit_indices(store, source, read_unit_keys(run, task_id)) if source.by_unit_keys else None
             seeded = seed_ledger(earlier, run.task(task_id), task.units, indices)
             if seeded:
                 task.reused_from = ReusedFrom(run_id=source.run_id, task_id=source.task_id, units=seeded)
     return reused
+
+
+def unit_indices(store: StoreLayout, source: ReuseSource, keys: list[str]) -> dict[int, int]:
+    """New unit index -> the earlier task's index of the unit of equal key, for the new task's unit `keys`."""
+    earlier = {key: i for i, key in enumerate(read_unit_keys(store.run(source.run_id), task_id=source.task_id))}
+    return {new: earlier[key] for new, key in enumerate(keys) if key in earlier}
+
+
+def units_reused(store: StoreLayout, source: ReuseSource, keys: list[str] | None = None) -> int:
+    """How many units of a split task `source` would seed: its done units, or those whose unit key is one of
+    `keys` (the new task's) when it was found by unit keys."""
+    done = set(source.units or ())
+    if not source.by_unit_keys:
+        return len(done)
+    return sum(1 for earlier in unit_indices(store, source, keys or []).values() if earlier in done)
 
 
 def _reused_whole(task: TaskRecord, source: ReuseSource, now: datetime) -> None:

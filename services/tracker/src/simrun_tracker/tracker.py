@@ -50,6 +50,7 @@ from simrun_tracker.reuse import (
     keys_of,
     load_record,
     unit_keys_of,
+    units_reused,
     write_unit_keys,
 )
 from simrun_tracker.runstore import RunStore
@@ -497,21 +498,28 @@ class RunTracker:
             environment=environment.environment_id,
         )
         self._set_keys(record, planned)
+        unit_keys = unit_keys_of(self.snapshot_keys, record, planned)
+        for task_id, task_units in unit_keys.items():
+            record.tasks[task_id].unit_scope = task_units.scope
         sources = find_sources(record, self.keys, reuse, identity, self.guard.policy, self._earlier_record)
         estimates = []
         for task in planned:
             source = sources.get(task.task_id)
             reused = None
-            if source is not None:
-                reused = ReusedFrom(
-                    run_id=source.run_id, task_id=source.task_id, units=len(source.units) if source.units else None
-                )
+            seeded = 0
+            if source is not None and source.partial:
+                keys = unit_keys[task.task_id].keys if task.task_id in unit_keys else None
+                seeded = units_reused(self.store, source, keys)
+                if seeded:
+                    reused = ReusedFrom(run_id=source.run_id, task_id=source.task_id, units=seeded)
+            elif source is not None:
+                reused = ReusedFrom(run_id=source.run_id, task_id=source.task_id)
             seconds = None
             if source is not None and not source.partial:
                 # Reused whole: nothing of it is computed.
                 seconds = 0.0
             elif task.description.split and task.plan.units:
-                units = task.plan.units - (len(source.units) if source and source.units else 0)
+                units = task.plan.units - seeded
                 processes = task.plan.shape.processes
                 seconds = self.learner.estimate(task.key, units, task.plan.pods, processes) if units > 0 else 0.0
             elif not task.description.split:
