@@ -57,6 +57,7 @@ def environment_to_proto(environment: Environment) -> common_pb2.Environment:
         message=environment.message,
         inputs_digest=environment.inputs_digest,
         package_count=len(environment.packages),
+        packages=sorted(environment.packages),
         size_bytes=environment.size_bytes,
         system_packages=environment.system_packages,
         note=environment.note,

@@ -1075,6 +1075,7 @@ class Environment(_message.Message):
     LAST_USE_TIME_FIELD_NUMBER: _builtins.int
     SYSTEM_PACKAGES_FIELD_NUMBER: _builtins.int
     NOTE_FIELD_NUMBER: _builtins.int
+    PACKAGES_FIELD_NUMBER: _builtins.int
     environment_id: _builtins.str
     """Id: the hash of the lock, the Python version, the simrun version and the base."""
     lock_sha256: _builtins.str
@@ -1109,6 +1110,10 @@ class Environment(_message.Message):
     def system_packages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Debian packages of the model's [tool.simrun] system-packages, installed in an image."""
 
+    @_builtins.property
+    def packages(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Third-party packages of its lock, each "name==version", sorted (package_count of them)."""
+
     def __init__(
         self,
         *,
@@ -1126,10 +1131,11 @@ class Environment(_message.Message):
         last_use_time: _timestamp_pb2.Timestamp | None = ...,
         system_packages: _abc.Iterable[_builtins.str] | None = ...,
         note: _builtins.str = ...,
+        packages: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "last_use_time", b"last_use_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "environment_id", b"environment_id", "image", b"image", "inputs_digest", b"inputs_digest", "interpreter", b"interpreter", "last_use_time", b"last_use_time", "lock_sha256", b"lock_sha256", "message", b"message", "note", b"note", "package_count", b"package_count", "python_version", b"python_version", "size_bytes", b"size_bytes", "state", b"state", "system_packages", b"system_packages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "environment_id", b"environment_id", "image", b"image", "inputs_digest", b"inputs_digest", "interpreter", b"interpreter", "last_use_time", b"last_use_time", "lock_sha256", b"lock_sha256", "message", b"message", "note", b"note", "package_count", b"package_count", "packages", b"packages", "python_version", b"python_version", "size_bytes", b"size_bytes", "state", b"state", "system_packages", b"system_packages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
