@@ -79,3 +79,33 @@ def test_parallel_coordinates_fold_every_column_and_keep_a_line_per_run() -> Non
     spec = parallel_spec(rows, ["fit.rate", "fit.auc"])
     assert spec["transform"][0] == {"fold": ["fit/rate", "fit/auc"]}
     assert spec["data"]["values"] == [{"run": "a", "fit/rate": 1.0, "fit/auc": 3.0}, {"run": "b", "fit/rate": 2.0}]
+
+
+def test_a_parquet_table_is_read_with_its_types_and_plotted_like_the_others() -> None:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "x": [x for x in range(5) for _ in range(4)],
+            "y": [y * 0.5 for _ in range(5) for y in range(4)],
+            "auc": [float("nan")] + [float(i) for i in range(19)],
+            "label": ["<script>alert(1)</script>"] * 20,
+            "tags": [[1, 2]] * 20,
+        }
+    )
+    out = io.BytesIO()
+    pq.write_table(table, out)
+    parsed = parse_table("scan/grid.parquet", out.getvalue())
+    assert parsed.columns == ["x", "y", "auc", "label", "tags"] and len(parsed.rows) == 20
+    assert parsed.rows[0] == {"x": 0, "y": 0.0, "auc": None, "label": "<script>alert(1)</script>", "tags": "[1, 2]"}
+    assert parsed.numeric("x") and parsed.numeric("auc") and not parsed.numeric("label")
+    spec = plot_spec(parsed, "x", "y")
+    assert spec["mark"]["type"] == "rect" and len(spec["data"]["values"]) == 20
+
+
+def test_a_file_named_parquet_that_is_not_is_refused_in_a_line() -> None:
+    with pytest.raises(InvalidArgument, match=r"^t\.parquet is not a Parquet table: "):
+        parse_table("t.parquet", b"x,y\n1,2\n")

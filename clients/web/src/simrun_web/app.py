@@ -465,7 +465,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
 
     def load_table(session: Session, run_id: str, task_id: str, port: str, path: str) -> tables.Table:
         if not tables.is_table(path):
-            raise InvalidArgument(f"{path!r} is not a table: the web view plots .csv, .jsonl and .json files")
+            raise InvalidArgument(f"{path!r} is not a table: the web view plots .csv, .jsonl, .json and .parquet files")
         return tables.parse_table(
             path, session.client.read_output_file(run_id, task_id, port, path, tables.MAX_TABLE_BYTES)
         )

@@ -1,9 +1,9 @@
 """An output port's table read for plotting, and the Vega-Lite spec of the plot its columns call for.
 
-A table is CSV (a header row), JSON lines (one object per line) or a JSON array of objects. The plot follows the
-columns chosen: one column alone is a histogram; x and y that form a grid (each pair once, most of the grid there)
-are a heatmap coloured by a third column; an ordered numeric x gives lines (one per colour); anything else points.
-Parquet is not read: no well-kept Parquet reader is among simrun's dependencies.
+A table is CSV (a header row), JSON lines (one object per line), a JSON array of objects, or Parquet (read with
+pyarrow). The plot follows the columns chosen: one column alone is a histogram; x and y that form a grid (each pair
+once, most of the grid there) are a heatmap coloured by a third column; an ordered numeric x gives lines (one per
+colour); anything else points.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from simrun_core.errors import InvalidArgument
 MAX_TABLE_BYTES = 32 * 1024 * 1024
 """The largest table the web view reads into memory to plot; a bigger one is downloaded instead."""
 MAX_ROWS = 200_000
-TABLE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json")
+TABLE_SUFFIXES = (".csv", ".jsonl", ".ndjson", ".json", ".parquet")
 
 
 @dataclass
@@ -68,6 +68,8 @@ def parse_table(path: str, data: bytes) -> Table:
     """
     if len(data) > MAX_TABLE_BYTES:
         raise InvalidArgument(f"{path} is {len(data) >> 20} MiB: the web view plots tables of at most 32 MiB")
+    if path.lower().endswith(".parquet"):
+        return _parquet(path, data)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -95,6 +97,36 @@ def parse_table(path: str, data: bytes) -> Table:
     for record in records:
         names.update(dict.fromkeys(record))
     return Table(list(names), [{k: _cell(v) for k, v in record.items()} for record in records[:MAX_ROWS]])
+
+
+def _parquet(path: str, data: bytes) -> Table:
+    """A Parquet file's first `MAX_ROWS` rows; a column of dates, lists or structs becomes text, as in JSON."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(pa.BufferReader(data))
+        batches = file.iter_batches(batch_size=min(MAX_ROWS, 65_536))
+        rows: list[dict[str, Any]] = []
+        for batch in batches:
+            rows += batch.to_pylist()[: MAX_ROWS - len(rows)]
+            if len(rows) >= MAX_ROWS:
+                break
+        columns = list(file.schema_arrow.names)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InvalidArgument(f"{path} is not a Parquet table: {reason}") from None
+    return Table(columns, [{k: _parquet_cell(v) for k, v in row.items()} for row in rows])
+
+
+def _parquet_cell(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, int | float | str) or value is None:
+        return value
+    return str(value) if not isinstance(value, list | dict) else json.dumps(value, default=str)
 
 
 def _cell(value: Any) -> Any:
