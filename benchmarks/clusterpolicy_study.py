@@ -36,12 +36,14 @@ from clusterpolicy.episodes import FlowSpec, make_flow, policy_of, run_episode, 
 from clusterpolicy.tasks import (  # noqa: E402
     TRAINING_SEED,
     Episodes,
+    Rank,
     TrainPolicies,
     episode_list,
     training_pairs,
     write_table,
 )
 from e2e_support import research_tree  # noqa: E402
+from simrun_runtime.tasktype import ExecContext  # noqa: E402
 
 SIMRUN = Path(sys.executable).parent / "simrun"
 
@@ -74,8 +76,10 @@ def _episode(job: tuple[str, str, int, float, Any]) -> dict[str, Any]:
 
 
 def baseline(workflow: dict[str, Any], out: Path) -> float:
-    """Seconds to train and run the study's episodes with multiprocessing.Pool and write its table."""
+    """Seconds to train and run the study's episodes with multiprocessing.Pool, write its table and rank it, as the
+    study's three tasks do."""
     train, episodes = study_settings(workflow)
+    rank = Rank.Settings(**workflow["tasks"]["rank"].get("settings", {}))
     start = time.perf_counter()
     with multiprocessing.Pool(os.cpu_count()) as pool:
         learned = pool.map(_train, [(flow, seed, train) for flow, seed in training_pairs(train)], chunksize=1)
@@ -85,7 +89,17 @@ def baseline(workflow: dict[str, Any], out: Path) -> float:
             for policy, flow, seed in episode_list(episodes, episodes.policies)
         ]
         rows = pool.map(_episode, jobs, chunksize=1)
-    write_table(out, rows)
+    (out / "table").mkdir(parents=True)
+    (out / "report").mkdir()
+    write_table(out / "table" / "episodes.csv", rows)
+    context = ExecContext(
+        inputs={"table": out / "table"},
+        outputs={"report": out / "report"},
+        scratch_dir=out,
+        model_root=out,
+        task_id="rank",
+    )
+    Rank().run(rank, context)
     return time.perf_counter() - start
 
 
@@ -140,16 +154,17 @@ def main() -> None:
                 out = cli("submit", "timed.yaml", "--watch", "--reuse", "never")
                 simrun_s.append(time.perf_counter() - start)
                 assert " succeeded" in out, out
-                pool_s.append(baseline(workflow, root / f"table-{repeat}.csv"))
+                pool_s.append(baseline(workflow, root / f"baseline-{repeat}"))
                 print(f"repeat {repeat + 1}: simrun {simrun_s[-1]:.1f} s, Pool {pool_s[-1]:.1f} s")
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
             log.close()
     simrun, pool = statistics.median(simrun_s), statistics.median(pool_s)
+    paired = statistics.median(s / p for s, p in zip(simrun_s, pool_s, strict=True))
     print(
         f"| the whole study, submit to succeeded | {simrun:.1f} s | multiprocessing.Pool({os.cpu_count()}), "
-        f"{pool:.1f} s | {simrun / pool:.2f} | ≤ 1.1 |"
+        f"{pool:.1f} s | {paired:.2f} (median of the repeats' ratios; {simrun / pool:.2f} of the medians) | ≤ 1.1 |"
     )
 
 
