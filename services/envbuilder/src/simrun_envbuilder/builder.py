@@ -545,7 +545,10 @@ class EnvironmentBuilder:
                 wheel = next(project.glob("simrun_runtime-*.whl"))
                 interpreter = pythons.Interpreter(_version_of(record), record["interpreter"])
                 venv_log = folder / ("venv.log" if self.settings.images is not None else "build.log")
-                venv = VenvBuild(self.settings.uv, interpreter, project, folder / "venv", wheel, venv_log)
+                beside_image = self.settings.images is not None
+                venv = VenvBuild(
+                    self.settings.uv, interpreter, project, folder / "venv", wheel, venv_log, 19 if beside_image else 0
+                )
                 if self.settings.images is not None:
                     with ThreadPoolExecutor(1, thread_name_prefix=f"venv-{environment_id}") as beside:
                         made = beside.submit(venv.run, build.add)

@@ -115,6 +115,9 @@ class VenvBuild:
     venv: Path
     runtime_wheel: Path
     log: Path
+    niceness: int = 0
+    """Added to uv's nice value (and idle I/O class when above 0): a venv built beside an image, for describers
+    only, yields the machine to the image's build."""
 
     def run(self, progress: Progress) -> None:
         """Creates the venv, installs the locked third-party packages, then simrun-runtime last.
@@ -178,7 +181,7 @@ class VenvBuild:
             write=[self.venv.parent, self.uv.cache()],
             enabled=self.uv.confine,
         ) as (command, variables):
-            run_logged(command, step, self.log, progress, variables, cwd, self.uv.timeout_s)
+            run_logged(command, step, self.log, progress, variables, cwd, self.uv.timeout_s, self.niceness)
 
 
 def run_logged(
@@ -189,10 +192,14 @@ def run_logged(
     env: dict[str, str],
     cwd: Path | None = None,
     timeout_s: float = 900.0,
+    niceness: int = 0,
 ) -> None:
     """Runs one step of a build with its output appended to the build's log; the tool's whole status lines
-    (`_STATUS_LINE`) and the step's time are also sent to `progress`, prefixed by the step."""
+    (`_STATUS_LINE`) and the step's time are also sent to `progress`, prefixed by the step. A `niceness` above 0
+    runs it under `nice` and `ionice -c 3` (idle I/O) where this machine has them."""
     started = time.monotonic()
+    if niceness > 0:
+        command = [*_lower_priority(niceness), *command]
     with log.open("a") as out:
         out.write(f"$ {' '.join(command)}\n")
         out.flush()
@@ -218,6 +225,17 @@ def run_logged(
     if code != 0:
         raise BuildError(f"{step} failed (exit {code}): {reason(chr(10).join(lines))}\nlog tail:\n{tail(log)}")
     progress(f"{step}: done in {time.monotonic() - started:.1f} s")
+
+
+def _lower_priority(niceness: int) -> list[str]:
+    """The prefix that runs a command at a lower CPU and I/O priority: `nice` and `ionice` of util-linux and
+    coreutils where found (a machine without them runs it at the server's priority)."""
+    prefix = []
+    if ionice := shutil.which("ionice"):
+        prefix += [ionice, "-c", "3"]
+    if nice := shutil.which("nice"):
+        prefix += [nice, "-n", str(niceness)]
+    return prefix
 
 
 def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
