@@ -235,17 +235,8 @@ class KeyIndex:
         # outputs hold wins; only without one does a failed or cancelled split task's done units count.
         for states, split_only in ((_SUCCEEDED, False), (_PARTIAL, True)):
             query = _Query(key, states, split_only, person, exclude_run)
-            for run_id, task_id in self._candidates(query, resume_from, only):
-                record = load(run_id)
-                task = record.tasks.get(task_id) if record is not None else None
-                if (
-                    record is None
-                    or task is None
-                    or task.key != key
-                    or task.state.value not in states
-                    or not may_reuse(caller, record.identity, read_policy)
-                ):
-                    continue
+            found = self._checked(query, resume_from, only, load, caller, read_policy, lambda task: task.key == key)
+            for run_id, task_id, task in found:
                 layout = self._store.run(run_id).task(task_id)
                 if not split_only and outputs_complete(layout):
                     return ReuseSource(run_id, task_id)
@@ -275,22 +266,41 @@ class KeyIndex:
         query = _Query(
             scope, _REUSABLE_STATES, True, reusable_principal(caller, read_policy), exclude_run, column="scope"
         )
+        found = self._checked(
+            query, resume_from, only, load, caller, read_policy, lambda task: task.unit_scope == scope
+        )
+        for run_id, task_id, _ in found:
+            if not self._store.run(run_id).unit_keys(task_id).is_file():
+                continue
+            units = done_units(self._store.run(run_id).task(task_id))
+            if units:
+                return ReuseSource(run_id, task_id, units, by_unit_keys=True)
+        return None
+
+    def _checked(
+        self,
+        query: _Query,
+        resume_from: str | None,
+        only: str | None,
+        load: Callable[[str], RunRecord | None],
+        caller: Identity,
+        read_policy: ReadPolicy | None,
+        holds: Callable[[TaskRecord], bool],
+    ) -> Iterator[tuple[str, str, TaskRecord]]:
+        """The candidates of `query` (`_candidates`' order) whose record still says what the row did: the task is
+        there, `holds` for it, its state is one the query asks for, and `caller` may reuse its run."""
         for run_id, task_id in self._candidates(query, resume_from, only):
             record = load(run_id)
             task = record.tasks.get(task_id) if record is not None else None
             if (
                 record is None
                 or task is None
-                or task.unit_scope != scope
-                or task.state.value not in _REUSABLE_STATES
+                or not holds(task)
+                or task.state.value not in query.states
                 or not may_reuse(caller, record.identity, read_policy)
-                or not self._store.run(run_id).unit_keys(task_id).is_file()
             ):
                 continue
-            units = done_units(self._store.run(run_id).task(task_id))
-            if units:
-                return ReuseSource(run_id, task_id, units, by_unit_keys=True)
-        return None
+            yield run_id, task_id, task
 
     def _candidates(self, query: _Query, resume_from: str | None, only: str | None) -> Iterator[tuple[str, str]]:
         """The (run, task) rows that `query` matches, the rows of `resume_from` first, then the others newest
