@@ -238,11 +238,12 @@ def test_compare_shows_the_settings_that_differ(invoke: Invoke, nested: tuple[Pa
 
 
 def test_estimate_says_unknown_for_seconds_not_learned(invoke: Invoke, tmp_path: Path) -> None:
-    # A model of its own name: what other tests ran of the example is learned for the example, not for it.
+    # A model of its own name: what other tests ran of the example is learned for the example, not for it. Its
+    # content is the example's, so without `--reuse never` it would reuse what they ran (seconds 0, not unknown).
     from e2e_support import EXAMPLE, git_repo
 
     fresh = git_repo(EXAMPLE, tmp_path / "never-ran")
-    table = invoke("estimate", fresh / "pi.yaml").stdout
+    table = invoke("estimate", fresh / "pi.yaml", "--reuse", "never").stdout
     assert re.search(r"^\s*report\s.*unknown\s*$", table, re.MULTILINE), table
     assert "0.0 " not in table
 
