@@ -347,7 +347,7 @@ def test_every_workflow_file_of_a_snapshot_is_left_out_of_its_key(tmp_path):
         "bad.yaml": "tasks:\n  Not-A-Task-Id: {type: m:A}\n",
         "big.yaml": "tasks:\n  a: {type: m:A}\n#" + "x" * WORKFLOW_BYTES,
         "study.txt": "tasks:\n  a: {type: m:A}\n",
-        "binary.yaml": "\udcff",
+        "binary.yaml": "tasks:\n  a: {type: m:A}\n#\udcff",
     }
     for path, text in files.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)

@@ -544,12 +544,12 @@ class EnvironmentBuilder:
                 # the image builds.
                 wheel = next(project.glob("simrun_runtime-*.whl"))
                 interpreter = pythons.Interpreter(_version_of(record), record["interpreter"])
-                venv_log = folder / ("venv.log" if self.settings.images is not None else "build.log")
                 beside_image = self.settings.images is not None
+                venv_log = folder / ("venv.log" if beside_image else "build.log")
                 venv = VenvBuild(
                     self.settings.uv, interpreter, project, folder / "venv", wheel, venv_log, 19 if beside_image else 0
                 )
-                if self.settings.images is not None:
+                if beside_image:
                     with ThreadPoolExecutor(1, thread_name_prefix=f"venv-{environment_id}") as beside:
                         made = beside.submit(venv.run, build.add)
                         meta.update(self._build_image(environment_id, record, folder, build))
@@ -557,7 +557,7 @@ class EnvironmentBuilder:
                     _write_json(folder / "environment.json", meta)
                 else:
                     venv.run(build.add)
-                if self.settings.images is not None:
+                if beside_image:
                     mark_ready(folder)
                     build.add(f"ready in {time.monotonic() - started:.1f} s: {meta['image']}")
                     return
