@@ -126,6 +126,20 @@ def test_one_trace_from_the_client_through_the_gateway_to_the_tracker(tracker_ap
     assert at_tracker.attributes["rpc.grpc.status_code"] == 0
 
 
+def test_a_forwarded_stream_is_traced_with_the_services_status(tracker_apart, exporter):
+    watch = "/simrun.v1.RunTrackerService/WatchRun"
+    with Client(tracker_apart.address, TOKENS["person"]) as client:
+        with pytest.raises(Exception, match="no-such-run"):
+            list(client.watch("no-such-run", timeout_s=10))
+    spans = list(exporter.get_finished_spans())
+    at_gateway = one(spans, watch, "simrun-gateway", SpanKind.SERVER)
+    forwarded = one(spans, watch, "simrun-gateway", SpanKind.CLIENT)
+    at_tracker = one(spans, watch, "simrun-tracker", SpanKind.SERVER)
+    assert parent_of(forwarded) == at_gateway.context.span_id
+    assert parent_of(at_tracker) == forwarded.context.span_id
+    assert forwarded.attributes["rpc.grpc.status_code"] == at_tracker.attributes["rpc.grpc.status_code"] == 5
+
+
 @pytest.mark.parametrize("gateway_telemetry", ["off", "no-op"], indirect=True)
 def test_a_gateway_that_records_nothing_passes_the_callers_context_on(tracker_apart, exporter):
     with Client(tracker_apart.address, TOKENS["person"], telemetry=sdk(exporter, "simrun-client")) as client:

@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -126,6 +126,14 @@ class Telemetry:
         if not self.recording:
             return channel
         return grpc.intercept_channel(channel, _ClientTracing(self.tracer("simrun.grpc.client")))
+
+    def client_span(self, method: str, metadata: Sequence[tuple[str, str]]) -> tuple[ClientSpan, list[tuple[str, str]]]:
+        """A client span of a call to `method` made by hand, a child of the current context, and the call's
+        `metadata` carrying it; when not recording, no span and `metadata` as it is."""
+        if not self.recording:
+            return ClientSpan(None), list(metadata)
+        span, traced = _start_client_span(self.tracer("simrun.grpc.client"), method, metadata)
+        return ClientSpan(span), traced
 
     @contextmanager
     def span(
@@ -265,19 +273,7 @@ class _ClientTracing(
         method: str = details.method
         if method.startswith(_HEALTH_PREFIX):
             return continuation(details, request)
-        service, _, name = method.lstrip("/").partition("/")
-        span = self._tracer.start_span(
-            method,
-            kind=SpanKind.CLIENT,
-            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name},
-        )
-        carrier: dict[str, str] = {}
-        propagator = _global_propagator()
-        propagator.inject(carrier, context=trace.set_span_in_context(span))
-        # This call's context replaces any the caller put in the metadata (a proxy relaying its caller's).
-        fields = propagator.fields
-        metadata = [(k, v) for k, v in details.metadata or () if k not in fields]
-        metadata.extend(carrier.items())
+        span, metadata = _start_client_span(self._tracer, method, details.metadata or ())
         traced = _CallDetails(
             method, details.timeout, metadata, details.credentials, details.wait_for_ready, details.compression
         )
@@ -287,7 +283,7 @@ class _ClientTracing(
             span.set_status(Status(StatusCode.ERROR, str(exc)))
             span.end()
             raise
-        call.add_done_callback(lambda done: _end_client_span(span, done))
+        call.add_done_callback(lambda done: _end_client_span(span, done.code(), done.details()))
         return call
 
     def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
@@ -303,13 +299,41 @@ class _ClientTracing(
         return self._call(continuation, client_call_details, request_iterator)
 
 
-def _end_client_span(span: Span, call: Any) -> None:
-    code = call.code()
+def _start_client_span(tracer: Tracer, method: str, metadata: Any) -> tuple[Span, list[tuple[str, str]]]:
+    """A client span of a call to `method`, and `metadata` with its context in place of any the caller put there
+    (a proxy relaying its caller's)."""
+    service, _, name = method.lstrip("/").partition("/")
+    span = tracer.start_span(
+        method, kind=SpanKind.CLIENT, attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": name}
+    )
+    carrier: dict[str, str] = {}
+    propagator = _global_propagator()
+    propagator.inject(carrier, context=trace.set_span_in_context(span))
+    fields = propagator.fields
+    traced = [(k, v) for k, v in metadata if k not in fields]
+    traced.extend(carrier.items())
+    return span, traced
+
+
+def _end_client_span(span: Span, code: grpc.StatusCode | None, details: str | None) -> None:
     if code is not None:
         span.set_attribute("rpc.grpc.status_code", code.value[0])
         if code != grpc.StatusCode.OK:
-            span.set_status(Status(StatusCode.ERROR, f"{code.name}: {call.details() or ''}"))
+            span.set_status(Status(StatusCode.ERROR, f"{code.name}: {details or ''}"))
     span.end()
+
+
+@dataclass
+class ClientSpan:
+    """The client span of a call made on a channel the telemetry does not instrument (the gateway relays streams
+    on an asyncio channel); its maker ends it with the call's status. Without recording it is no span at all."""
+
+    span: Span | None
+
+    def end(self, code: grpc.StatusCode | None, details: str | None = None) -> None:
+        if self.span is not None:
+            _end_client_span(self.span, code, details)
+            self.span = None
 
 
 def _not_health(details: Any) -> bool:
