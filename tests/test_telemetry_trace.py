@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
 from simrun_client.client import Client
 from simrun_core.config import NodeConfig, ServerConfig, ServiceAddresses
+from simrun_core.errors import NotFound
 from simrun_core.identity import TokenRegistry
 from simrun_core.rpc.server import BoundServer, build_server
 from simrun_core.telemetry import Telemetry
@@ -128,9 +129,8 @@ def test_one_trace_from_the_client_through_the_gateway_to_the_tracker(tracker_ap
 
 def test_a_forwarded_stream_is_traced_with_the_services_status(tracker_apart, exporter):
     watch = "/simrun.v1.RunTrackerService/WatchRun"
-    with Client(tracker_apart.address, TOKENS["person"]) as client:
-        with pytest.raises(Exception, match="no-such-run"):
-            list(client.watch("no-such-run", timeout_s=10))
+    with Client(tracker_apart.address, TOKENS["person"]) as client, pytest.raises(NotFound, match="no-such-run"):
+        list(client.watch("no-such-run", timeout_s=10))
     spans = list(exporter.get_finished_spans())
     at_gateway = one(spans, watch, "simrun-gateway", SpanKind.SERVER)
     forwarded = one(spans, watch, "simrun-gateway", SpanKind.CLIENT)
