@@ -277,8 +277,18 @@ def test_the_cluster_page_shows_the_nodes_and_who_holds_them(owner: Any, served:
     owner.get(f"http://{served.web}/cluster")
     assert "node-a" in _text(owner, "nodes")
     wait_for(lambda: "alice" in _text(owner, "holders"), 5, "alice among the holders")
-    # The holder's one pod of 2 cores (its plan), of the node's 2.
+    # The holder's one pod of 2 cores (its plan), of the node's 2, and the memory the executor measured in it.
     assert _text(owner, "in-use").startswith("The running tasks' 1 pod holds, as planned, 2 of 2 cores and 1 of 8 GiB")
+    row = owner.find_elements("css selector", "#nodes tbody tr td")
+    assert [cell.text for cell in row[6:8]] == ["1", "2 cores, 1 GiB"]
+
+    def measured() -> str | None:  # the pod's first samples come a moment after it starts: the page is loaded again
+        owner.refresh()
+        peak = re.fullmatch(r"(\d+\.\d\d) GiB", owner.find_elements("css selector", "#nodes tbody tr td")[8].text)
+        return peak.group(1) if peak and 0 < float(peak.group(1)) < 1 else None  # a Python process, under 1 GiB
+
+    peak = wait_for(measured, 20, "the pod's measured peak")
+    assert f"measured in them adds up to {peak} GiB" in _text(owner, "in-use")
     shoot(owner, "cluster")
     served.cli("cancel", run_id)
 

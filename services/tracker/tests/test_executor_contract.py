@@ -503,6 +503,29 @@ def test_a_pod_s_measured_memory_is_what_it_held_or_unknown(harness: Harness) ->
     assert peak is None or 96 / 1024 <= peak < 0.5, peak
 
 
+def test_an_adapter_that_measures_tells_its_listeners_as_a_running_pod_s_peak_grows(harness: Harness) -> None:
+    """The tracker keeps a running pod's measured memory in its run's record when told of a change, so the pages
+    show it while the pod runs; the telling is bounded (a quarter's growth), not one per sample."""
+    executor = harness.executor
+    told: list[str] = []
+    executor.subscribe(told.append)
+    pod = spec("r1", "t", memory_gb=0.5)
+    executor.start_pods([pod])
+    eventually(phase(executor, pod, PodPhase.RUNNING))
+    if observed(executor, pod).peak_memory_gb is None:
+        pytest.skip("this adapter measures nothing")
+    before = len(told)
+    harness.hold(pod, 96)
+    eventually(lambda: (observed(executor, pod).peak_memory_gb or 0.0) >= 96 / 1024)
+    eventually(lambda: len(told) > before)  # no phase changed: the growing peak was told
+    time.sleep(1.0)  # five samples of an unchanged peak
+    settled = len(told)
+    time.sleep(1.0)
+    assert len(told) == settled, "an unchanged peak was told again"
+    harness.exit(pod, 0)
+    eventually(phase(executor, pod, PodPhase.SUCCEEDED))
+
+
 def test_a_run_restored_without_its_node_keeps_its_pods_memory_kills_and_attempts(harness: Harness) -> None:
     # The node it reserved is gone from the config: the reservation cannot be taken again, its history still is.
     if isinstance(harness, KubernetesHarness):

@@ -602,6 +602,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             for run in session.client.list_runs(state=run_state(state), page_size=200)
         ]
         by_identity: dict[str, dict[str, float]] = {}
+        per_node: dict[str, dict[str, Any]] = {n.name: _node_use() for n in nodes}
         for run in active:
             counts = by_identity.setdefault(
                 run["owner"], {"running": 0, "queued": 0, "pods": 0, "cores": 0, "memory_gb": 0}
@@ -611,10 +612,20 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
                 if task["state"] != "running":
                     continue
                 shape = (task.get("plan") or {}).get("shape") or {}
-                counts["pods"] += task["pods_started"]
-                counts["cores"] += task["pods_started"] * shape.get("cores", 0)
-                counts["memory_gb"] += task["pods_started"] * shape.get("memory_gb", 0)
-        in_use = {key: sum(c[key] for c in by_identity.values()) for key in ("pods", "cores", "memory_gb")}
+                for pod in task.get("pods", []):
+                    # A pod killed once (for memory or by SIGKILL) runs again at the plan's retry memory.
+                    retried = pod.get("oom_kills", 0) or pod.get("sigkills", 0)
+                    memory = shape.get("retry_memory_gb" if retried else "memory_gb", 0)
+                    node = per_node.setdefault(pod.get("node", "(not placed)"), _node_use())
+                    for held in (counts, node):
+                        held["pods"] += 1
+                        held["cores"] += shape.get("cores", 0)
+                        held["memory_gb"] += memory
+                    if "peak_memory_gb" in pod:
+                        node["measured_gb"] = (node["measured_gb"] or 0.0) + pod["peak_memory_gb"]
+        in_use: dict[str, Any] = {
+            key: sum(c[key] for c in by_identity.values()) for key in ("pods", "cores", "memory_gb")
+        }
         # Kueue's order: the owner's first, other people's next, agents' last; a higher one waiting takes back
         # capacity from the running runs of the lowest priority first.
         rank = {"owner": 0, "standard": 1, "agent": 2}
@@ -627,6 +638,8 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         node_views = [
             MessageToDict(n, preserving_proto_field_name=True, always_print_fields_with_no_presence=True) for n in nodes
         ]
+        measured = [held["measured_gb"] for held in per_node.values() if held["measured_gb"] is not None]
+        in_use["measured_gb"] = sum(measured) if measured else None
         total = {
             "cores": sum(n.allocatable_cores or n.cores for n in nodes),
             "memory_gb": sum(n.allocatable_memory_gb or n.memory_gb for n in nodes),
@@ -638,11 +651,18 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             nodes=node_views,
             active=active,
             by_identity=by_identity,
+            per_node=per_node,
             in_use=in_use,
             total=total,
         )
 
     return app
+
+
+def _node_use() -> dict[str, Any]:
+    """What the running tasks' pods placed on a node hold as planned, and the sum of their measured peaks (None
+    while none of them is measured)."""
+    return {"pods": 0, "cores": 0, "memory_gb": 0, "measured_gb": None}
 
 
 def _numeric(values: list[Any]) -> bool:
