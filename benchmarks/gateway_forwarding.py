@@ -21,12 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import yaml
 from simrun.v1 import tracker_pb2, tracker_pb2_grpc
+from timing import median_seconds
 
 TOKEN = "bench-token"
 _SERVING = re.compile(rb"serving on (?:port |[\d.]+:)(\d+)")
@@ -63,18 +63,6 @@ def cpu_percent(pid: int, seconds: float) -> float:
     return 100.0 * (cpu_seconds(pid) - before) / (time.monotonic() - start)
 
 
-def timed(call: Callable[[], object], calls: int) -> float:
-    """The median seconds of `calls` calls, after five to warm."""
-    for _ in range(5):
-        call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def repeat(root: Path, streams: int, seconds: float, calls: int) -> tuple[float, float, float, float]:
     """(CPU with the streams, CPU with none, forwarded ListRuns s, direct ListRuns s) of one fresh deployment."""
     tokens = root / "tokens.yaml"
@@ -102,9 +90,9 @@ def repeat(root: Path, streams: int, seconds: float, calls: int) -> tuple[float,
     try:
         via_gateway = tracker_pb2_grpc.RunTrackerServiceStub(through)
         listing = tracker_pb2.ListRunsRequest(page_size=50)
-        forwarded = timed(lambda: via_gateway.ListRuns(listing, metadata=metadata, timeout=10), calls)
+        forwarded = median_seconds(lambda: via_gateway.ListRuns(listing, metadata=metadata, timeout=10), calls, warm=5)
         direct_stub = tracker_pb2_grpc.RunTrackerServiceStub(direct)
-        alone = timed(lambda: direct_stub.ListRuns(listing, metadata=metadata, timeout=10), calls)
+        alone = median_seconds(lambda: direct_stub.ListRuns(listing, metadata=metadata, timeout=10), calls, warm=5)
         time.sleep(1.0)
         none_open = cpu_percent(gateway.pid, seconds)
         following = [via_gateway.WatchRuns(tracker_pb2.WatchRunsRequest(), metadata=metadata) for _ in range(streams)]

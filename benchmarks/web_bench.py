@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -38,20 +37,10 @@ from simrun_runtime.layout import StoreLayout
 from simrun_runtime.record import RunState
 from simrun_web.app import WebConfig
 from simrun_web.serve import WebServer
+from timing import median_seconds
 from tracker_scale import seed
 
 TOKEN = "bench-token"
-
-
-def timed(call: Callable[[], object], calls: int) -> float:
-    """The median seconds of `calls` calls, after one to warm."""
-    call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def cpu_percent(seconds: float) -> float:
@@ -113,9 +102,9 @@ def main() -> None:
                 deep = ""
                 for _ in range(args.runs // 50 - 1):
                     deep = client.list_runs_page(page_size=50, page_token=deep or None).next_page_token
-                first_page = timed(page(session, f"{web.url}/runs"), args.calls)
-                deep_page = timed(page(session, f"{web.url}/runs?page_token={deep}"), args.calls)
-                listing = timed(lambda: client.list_runs_page(page_size=50), args.calls)
+                first_page = median_seconds(page(session, f"{web.url}/runs"), args.calls)
+                deep_page = median_seconds(page(session, f"{web.url}/runs?page_token={deep}"), args.calls)
+                listing = median_seconds(lambda: client.list_runs_page(page_size=50), args.calls)
                 print(
                     f"runs page of {args.runs} runs: first {first_page * 1e3:.1f} ms, deep {deep_page * 1e3:.1f} ms; "
                     f"its ListRuns {listing * 1e3:.1f} ms: ratio {first_page / listing:.2f} (goal: page < 300 ms)"
@@ -129,8 +118,8 @@ def main() -> None:
                 big = client.submit(workflow).run_id
                 final = client.wait(big, timeout_s=1800)
                 assert final.state == 4, final.message
-                run_page = timed(page(session, f"{web.url}/runs/{big}"), args.calls)
-                calls = timed(lambda: (client.get_run(big), client.outputs(big)), args.calls)
+                run_page = median_seconds(page(session, f"{web.url}/runs/{big}"), args.calls)
+                calls = median_seconds(lambda: (client.get_run(big), client.outputs(big)), args.calls)
                 print(
                     f"run page of a {args.units}-unit run: {run_page * 1e3:.1f} ms; its GetRun + ListOutputs "
                     f"{calls * 1e3:.1f} ms: ratio {run_page / calls:.2f} (goal: page < 300 ms)"
@@ -147,7 +136,7 @@ def main() -> None:
                 other = page(session, f"{web.url}/runs/{big}")
                 time.sleep(1.0)
                 idle_none = cpu_percent(args.cpu_seconds)
-                alone = timed(other, args.calls)
+                alone = median_seconds(other, args.calls)
                 opened: list[tuple[requests.Response, object]] = []  # the readers kept: a dropped one closes
                 for _ in range(args.pages):
                     response = session.get(f"{web.url}/runs/{held}/events", stream=True)
@@ -158,7 +147,7 @@ def main() -> None:
                 time.sleep(1.0)
                 assert web.app is not None and web.app.state.streams.open() == args.pages
                 idle_open = cpu_percent(args.cpu_seconds)
-                beside = timed(other, args.calls)
+                beside = median_seconds(other, args.calls)
                 for response, _ in opened:
                     response.close()
                 print(

@@ -66,6 +66,8 @@ class Echo:
     def chat(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         for request in requests:
             yield request.upper()
+            if request == b"end":  # the service ends the conversation, whatever the caller still sends
+                return
 
 
 def _backend(echo: Echo) -> grpc.Server:
@@ -220,3 +222,20 @@ def test_streams_go_to_a_service_apart_over_mutual_tls(tmp_path):
         server.stop(1)
         forwarding.close()
         backend.stop(1).wait()
+
+
+def test_a_conversation_the_service_ends_first_ends_for_a_caller_still_sending(gateway):
+    channel = gateway.channel
+    stop = threading.Event()
+
+    def requests() -> Iterator[bytes]:
+        yield b"end"
+        stop.wait(30)  # the caller would go on; the service has answered and ended
+
+    chat = channel.stream_stream(f"/{SERVICE}/Chat")(requests(), timeout=30)
+    started = time.monotonic()
+    assert next(chat) == b"END"
+    with pytest.raises(StopIteration):
+        next(chat)
+    stop.set()
+    assert time.monotonic() - started < 10

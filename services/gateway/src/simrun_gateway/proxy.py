@@ -145,11 +145,10 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         def stream_stream(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
             with _Forwarded(self, method, context) as forwarded:
                 call = forwarded.start(lambda options: both(**options))
-                # The requests are read in a thread of their own, as the responses may come before they end.
-                sending = threading.Thread(target=forwarded.send, args=(call, requests), daemon=True)
-                sending.start()
+                # The requests are read in a thread of their own, as the responses may come before they end; it
+                # ends with them, or when this call ends (its requests then break off).
+                threading.Thread(target=forwarded.send, args=(call, requests), daemon=True).start()
                 yield from forwarded.responses(call)
-                sending.join()
 
         return grpc.stream_stream_rpc_method_handler(stream_stream)
 
