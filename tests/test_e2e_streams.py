@@ -142,7 +142,13 @@ def test_watchers_of_a_run_that_does_not_change_sleep_and_end_as_their_calls_end
     held = SLOW.replace("units: 40, seconds: 0.5", "units: 2, seconds: 120")
     run = owner.submit(write_workflow(e2e_model, held, "held.yaml"))
     deadline = time.monotonic() + 30
-    while owner.get_run(run.run_id).state != common_pb2.RUN_STATE_RUNNING and time.monotonic() < deadline:
+
+    def measured() -> bool:  # the run changes once more when its pod's memory is first measured
+        got = owner.get_run(run.run_id)
+        pods = [pod for task in got.tasks for pod in task.pods]
+        return got.state == common_pb2.RUN_STATE_RUNNING and any(pod.peak_memory_gb > 0 for pod in pods)
+
+    while not measured() and time.monotonic() < deadline:
         time.sleep(0.05)
     reader = server.tracker.reader
     channels, calls, first = _open_watches(server.address, run.run_id, 20)

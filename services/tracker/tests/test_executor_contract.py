@@ -505,7 +505,7 @@ def test_a_pod_s_measured_memory_is_what_it_held_or_unknown(harness: Harness) ->
 
 def test_an_adapter_that_measures_tells_its_listeners_as_a_running_pod_s_peak_grows(harness: Harness) -> None:
     """The tracker keeps a running pod's measured memory in its run's record when told of a change, so the pages
-    show it while the pod runs; the telling is bounded (a quarter's growth), not one per sample."""
+    show it while the pod runs; the telling is bounded (a quarter's growth, and 64 MiB), not one per sample."""
     executor = harness.executor
     told: list[str] = []
     executor.subscribe(told.append)
@@ -514,9 +514,10 @@ def test_an_adapter_that_measures_tells_its_listeners_as_a_running_pod_s_peak_gr
     eventually(phase(executor, pod, PodPhase.RUNNING))
     if observed(executor, pod).peak_memory_gb is None:
         pytest.skip("this adapter measures nothing")
+    eventually(lambda: (observed(executor, pod).peak_memory_gb or 0.0) > 0)
     before = len(told)
-    harness.hold(pod, 96)
-    eventually(lambda: (observed(executor, pod).peak_memory_gb or 0.0) >= 96 / 1024)
+    harness.hold(pod, 160)  # more than the least growth told (64 MiB) above what the pod held at its start
+    eventually(lambda: (observed(executor, pod).peak_memory_gb or 0.0) >= 160 / 1024)
     eventually(lambda: len(told) > before)  # no phase changed: the growing peak was told
     time.sleep(1.0)  # five samples of an unchanged peak
     settled = len(told)

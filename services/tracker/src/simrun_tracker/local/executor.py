@@ -56,8 +56,10 @@ from simrun_tracker.local.memory import (
 logger = logging.getLogger(__name__)
 
 WATCHDOG_INTERVAL_S = 0.2
-PEAK_GROWTH_TOLD = 1.25
-"""The growth of a pod's measured peak, since its listeners were last told, at which they are told again."""
+PEAK_GROWTH_TOLD = 0.25
+"""The growth of a pod's measured peak, as a part of what its listeners were last told, at which they are told
+again, and never for less than `PEAK_GROWTH_TOLD_BYTES`."""
+PEAK_GROWTH_TOLD_BYTES = 64 << 20
 """Seconds between two samples of the anonymous memory of running pods: the watchdog's limit where a pod has no
 cgroup, and every pod's measured peak (`PodStatus.peak_memory_gb`)."""
 
@@ -647,11 +649,13 @@ class LocalExecutor:
 
     def _measured(self, pod: _Pod, anon_bytes: int) -> None:
         """Raises the pod's measured peak to a sample of its anonymous memory, and tells the listeners at its first
-        sample and whenever it has grown by a quarter since they were told: a running pod's memory then shows
-        while it runs, and a pod costs its run's record a bounded number of writes (about 40 from 10 MiB to 64 GiB).
+        sample and whenever it has grown by a quarter (and 64 MiB) since they were told: a running pod's memory
+        then shows while it runs, and a pod costs its run's record a bounded number of writes (about 20 from a
+        small process to 64 GiB), none while its memory holds still.
         """
         pod.status.peak_memory_gb = max(pod.status.peak_memory_gb or 0.0, anon_bytes / GIB)
-        if anon_bytes > pod.told_peak_bytes * PEAK_GROWTH_TOLD:
+        told = pod.told_peak_bytes
+        if (told == 0 and anon_bytes > 0) or anon_bytes >= told + max(told * PEAK_GROWTH_TOLD, PEAK_GROWTH_TOLD_BYTES):
             pod.told_peak_bytes = anon_bytes
             self._changed(pod)
 
