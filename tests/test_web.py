@@ -193,6 +193,11 @@ def test_a_run_moves_to_succeeded_without_a_reload(owner: Any, served: Served) -
         .get_attribute("class")
         .endswith("state-succeeded")
     )
+    # What the stream does not carry is fetched again as pods start and when the run ends, still without a reload.
+    wait_for(lambda: owner.find_elements("css selector", '#pods tr[data-task="grid"][data-worker="w0"]'), 10, "pods")
+    wait_for(lambda: owner.find_elements("css selector", "#outputs a.download"), 10, "the outputs, live")
+    assert _text(owner, "run-ended").endswith("UTC")
+    assert owner.execute_script("return window.simrunMarker") == "same page"
     owner.refresh()
     pod = owner.find_element("css selector", '#pods tr[data-task="grid"][data-worker="w0"]').text.split()
     assert pod[:6] == ["grid", "w0", "node-a", "1", "0", "0"], pod  # on the node, started once, never killed

@@ -44,9 +44,38 @@ function updateTask(row, task) {
   if (pods) pods.textContent = pods.textContent.replace(/^\d+/, String(task.pods_started));
 }
 
+// The parts of a run's page the live stream does not carry: fetched again (the page itself, same origin) when a
+// pod starts and when the run ends, one fetch at a time.
+const REFRESHED = ["run-ended", "pods", "kills", "outputs"];
+
+function refresher() {
+  let busy = false, again = false;
+  const refresh = () => {
+    if (busy) { again = true; return; }
+    busy = true;
+    fetch(location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
+      .then((response) => (response.ok ? response.text() : Promise.reject(new Error(String(response.status)))))
+      .then((html) => {
+        const fresh = new DOMParser().parseFromString(html, "text/html");
+        for (const id of REFRESHED) {
+          const shown = document.getElementById(id), now = fresh.getElementById(id);
+          if (shown && now) shown.replaceWith(document.importNode(now, true));
+        }
+      })
+      .catch(() => {})
+      .finally(() => { busy = false; if (again) { again = false; refresh(); } });
+  };
+  return refresh;
+}
+
 function runPage(root) {
+  const refresh = refresher();
+  let pods = document.querySelectorAll("#pods tbody tr").length;  // the pods the page was served with
   follow(root.dataset.events, {
     run: (run) => {
+      const started = run.tasks.reduce((sum, task) => sum + task.pods_started, 0);
+      if (started !== pods || run.final) refresh();
+      pods = started;
       setState(document.getElementById("run-state"), run.state);
       setText(document, "#run-message", run.message);
       for (const task of run.tasks) {
