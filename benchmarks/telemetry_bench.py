@@ -17,7 +17,6 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from simrun_core.rpc.channel import open_channel
 from simrun_core.snapshots.convert import snapshot_to_proto
 from simrun_core.telemetry import Telemetry
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
+from timing import median_seconds
 
 MODEL = Path(__file__).resolve().parents[1] / "tests" / "e2e_model"
 TOKEN = "bench-token"
@@ -92,15 +92,6 @@ class Mode:
             telemetry.shutdown()
 
 
-def round_median(call: Callable[[], object], calls: int) -> float:
-    latencies = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        latencies.append(time.perf_counter() - start)
-    return statistics.median(latencies)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=50, help="calls per round and mode")
@@ -126,7 +117,7 @@ def main() -> None:
                     # Each round starts with another mode, so a drift of the machine's load favours none.
                     for mode in modes[round_ % len(modes) :] + modes[: round_ % len(modes)]:
                         medians.setdefault((method, mode.name), []).append(
-                            round_median(mode.calls()[method], args.calls)
+                            median_seconds(mode.calls()[method], args.calls, warm=0)
                         )
         finally:
             for mode in modes:
