@@ -56,12 +56,12 @@ from simrun_tracker.local.memory import (
 logger = logging.getLogger(__name__)
 
 WATCHDOG_INTERVAL_S = 0.2
+"""Seconds between two samples of the anonymous memory of running pods: the watchdog's limit where a pod has no
+cgroup, and every pod's measured peak (`PodStatus.peak_memory_gb`)."""
 PEAK_GROWTH_TOLD = 0.25
 """The growth of a pod's measured peak, as a part of what its listeners were last told, at which they are told
 again, and never for less than `PEAK_GROWTH_TOLD_BYTES`."""
 PEAK_GROWTH_TOLD_BYTES = 64 << 20
-"""Seconds between two samples of the anonymous memory of running pods: the watchdog's limit where a pod has no
-cgroup, and every pod's measured peak (`PodStatus.peak_memory_gb`)."""
 
 STOPPED = "stopped"
 """The message of a pod stopped with its run or task."""
