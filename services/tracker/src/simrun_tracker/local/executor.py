@@ -62,6 +62,10 @@ PEAK_GROWTH_TOLD = 0.25
 """The growth of a pod's measured peak, as a part of what its listeners were last told, at which they are told
 again, and never for less than `PEAK_GROWTH_TOLD_BYTES`."""
 PEAK_GROWTH_TOLD_BYTES = 64 << 20
+PEAK_FIRST_TOLD_AFTER_S = 1.0
+"""Seconds a pod runs before its listeners are first told its measured peak (sooner if it passes
+`PEAK_GROWTH_TOLD_BYTES`): a sample of a process still starting is a few MiB, and what it grows to next would stay
+untold below the least growth."""
 
 STOPPED = "stopped"
 """The message of a pod stopped with its run or task."""
@@ -128,6 +132,8 @@ class _Pod:
     """The image its attempt runs, where attempts run images (the containers executor)."""
     told_peak_bytes: int = 0
     """The measured peak the listeners were last told of (see `_measured`)."""
+    started_at: float = 0.0
+    """When its attempt's process started (monotonic seconds)."""
 
 
 class LocalExecutor:
@@ -547,6 +553,7 @@ class LocalExecutor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
+                pod.started_at = time.monotonic()
                 self._running[spec.pod_id] = pod
         except (OSError, ValueError, subprocess.SubprocessError, FailedPrecondition, InvalidArgument) as exc:
             # A pod that cannot be started fails rather than staying "running" with no process.
@@ -648,15 +655,21 @@ class LocalExecutor:
                 _signal_group(pgid, signal.SIGKILL)
 
     def _measured(self, pod: _Pod, anon_bytes: int) -> None:
-        """Raises the pod's measured peak to a sample of its anonymous memory, and tells the listeners at its first
-        sample and whenever it has grown by a quarter (and 64 MiB) since they were told: a running pod's memory
-        then shows while it runs, and a pod costs its run's record a bounded number of writes (about 20 from a
-        small process to 64 GiB), none while its memory holds still.
+        """Raises the pod's measured peak to a sample of its anonymous memory, and tells the listeners of it once
+        the pod has run a second (`PEAK_FIRST_TOLD_AFTER_S`) and whenever it has grown by a quarter (and 64 MiB)
+        since they were told: a running pod's memory then shows while it runs, and a pod costs its run's record a
+        bounded number of writes (about 20 from a small process to 64 GiB), none while its memory holds still.
         """
-        pod.status.peak_memory_gb = max(pod.status.peak_memory_gb or 0.0, anon_bytes / GIB)
-        told = pod.told_peak_bytes
-        if (told == 0 and anon_bytes > 0) or anon_bytes >= told + max(told * PEAK_GROWTH_TOLD, PEAK_GROWTH_TOLD_BYTES):
-            pod.told_peak_bytes = anon_bytes
+        peak = max(pod.status.peak_memory_gb or 0.0, anon_bytes / GIB)
+        pod.status.peak_memory_gb = peak
+        peak_bytes, told = int(peak * GIB), pod.told_peak_bytes
+        if told == 0:
+            settled = time.monotonic() - pod.started_at >= PEAK_FIRST_TOLD_AFTER_S
+            due = peak_bytes > 0 and (settled or peak_bytes >= PEAK_GROWTH_TOLD_BYTES)
+        else:
+            due = peak_bytes >= told + max(told * PEAK_GROWTH_TOLD, PEAK_GROWTH_TOLD_BYTES)
+        if due:
+            pod.told_peak_bytes = peak_bytes
             self._changed(pod)
 
     def _bound_logs(self) -> None:
