@@ -277,7 +277,7 @@ def test_two_runs_compare_with_their_differing_setting(owner: Any, served: Serve
 
 
 def test_the_cluster_page_shows_the_nodes_and_who_holds_them(owner: Any, served: Served) -> None:
-    run_id = served.submit("holding", {"xs": [1, 2, 3, 4], "ys": [1, 2], "seconds": 2.0})
+    run_id = served.submit("holding", {"xs": [1, 2, 3, 4], "ys": [1, 2], "seconds": 30.0})  # cancelled at the end
     served.wait(run_id, "running")
     owner.get(f"http://{served.web}/cluster")
     assert "node-a" in _text(owner, "nodes")
@@ -287,13 +287,14 @@ def test_the_cluster_page_shows_the_nodes_and_who_holds_them(owner: Any, served:
     row = owner.find_elements("css selector", "#nodes tbody tr td")
     assert [cell.text for cell in row[6:8]] == ["1", "2 cores, 1 GiB"]
 
-    def measured() -> str | None:  # the pod's first samples come a moment after it starts: the page is loaded again
+    def measured() -> str | None:  # the pod's peak is first told a second after it starts: the page is loaded again
         owner.refresh()
-        peak = re.fullmatch(r"(\d+\.\d\d) GiB", owner.find_elements("css selector", "#nodes tbody tr td")[8].text)
-        return peak.group(1) if peak and 0 < float(peak.group(1)) < 1 else None  # a Python process, under 1 GiB
+        shown = owner.find_elements("css selector", "#nodes tbody tr td")[8].text
+        mib = re.fullmatch(r"(\d+(\.\d)?) MiB", shown)  # a Python process, under 1 GiB
+        return shown if mib and float(mib.group(1)) > 0 else None  # 0 until the pod has run a second
 
     peak = wait_for(measured, 20, "the pod's measured peak")
-    assert f"measured in them adds up to {peak} GiB" in _text(owner, "in-use")
+    assert f"measured in them adds up to {peak}." in _text(owner, "in-use")
     shoot(owner, "cluster")
     served.cli("cancel", run_id)
 

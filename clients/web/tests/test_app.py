@@ -14,7 +14,7 @@ from simrun_client.client import Client
 from simrun_core.config import EnvironmentsConfig, NodeConfig, ServerConfig
 from simrun_gateway.embedded import EmbeddedServer, start_embedded
 from simrun_web import live
-from simrun_web.app import WebConfig
+from simrun_web.app import WebConfig, memory
 from simrun_web.serve import WebServer
 from simrun_web.sessions import Sessions
 
@@ -62,6 +62,14 @@ def _slow_run(embedded: EmbeddedServer, tmp_path: Path) -> str:
     )
     with Client(embedded.address, embedded.token) as client:
         return client.submit(workflow, model=model).run_id
+
+
+@pytest.mark.parametrize(
+    ("gb", "shown"),
+    [(0.0, "0.0 MiB"), (3.6 / 1024, "3.6 MiB"), (412 / 1024, "412 MiB"), (1023.4 / 1024, "1023 MiB"), (1, "1.00 GiB")],
+)
+def test_measured_memory_reads_in_mib_below_a_gib(gb: float, shown: str) -> None:
+    assert memory(gb) == shown
 
 
 def test_a_wrong_token_logs_nobody_in_and_says_why(web: WebServer) -> None:

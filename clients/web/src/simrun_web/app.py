@@ -162,6 +162,15 @@ def _since(stamp: str) -> datetime | None:
     return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
 
 
+def memory(gb: float) -> str:
+    """Measured memory as a page shows it: MiB below a GiB (`3.6 MiB`, `412 MiB`), so a small process does not read
+    as `0.00 GiB`, and GiB to two places above."""
+    if gb >= 1:
+        return f"{gb:.2f} GiB"
+    mib = gb * 1024
+    return f"{mib:.1f} MiB" if mib < 10 else f"{mib:.0f} MiB"
+
+
 def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) -> FastAPI:
     """The web view for the gateway at `config.endpoint`."""
 
@@ -176,6 +185,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
     app.state.streams = streams
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["tojson_attr"] = lambda value: json.dumps(value, separators=(",", ":"))
+    templates.env.filters["memory"] = memory
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.middleware("http")
