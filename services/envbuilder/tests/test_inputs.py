@@ -59,7 +59,7 @@ def test_refusals(kit) -> None:
     with pytest.raises(InvalidArgument, match="not a Debian package name"):
         read_inputs(store, [debian])
     missing = absolute.model_copy(update={"snapshot_id": "0" * 32, "path": "snapshots/m/" + "0" * 32})
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match=r"not in the environment builder's store: take it first.*share one store"):
         read_inputs(store, [missing])
     assert read_inputs(store, [kit.snapshot("m", {"pyproject.toml": "[tool.ruff]\nline-length = 100\n"})]) is None
 

@@ -222,5 +222,5 @@ def test_check_snapshots(tmp_path: Path) -> None:
     assert check_snapshots(store, [model]) == store.snapshot("model", "s1").resolve()
     with pytest.raises(InvalidArgument, match="a run needs the snapshot of its model"):
         check_snapshots(store, [])
-    with pytest.raises(NotFound, match="snapshot data/s9 is not in the store"):
+    with pytest.raises(NotFound, match="snapshot data/s9 is not in the tracker's store: take it first"):
         check_snapshots(store, [model, data])

@@ -67,6 +67,14 @@ class SnapshotRef(BaseModel):
     def resolve(self, store: StoreLayout) -> Path:
         return store.resolved(self.path)
 
+    def not_in_store(self, service: str) -> str:
+        """What a `service` that does not find the snapshot in its store tells its caller: a snapshot never taken,
+        or one taken by a snapshot service apart that keeps another store."""
+        return (
+            f"snapshot {self.name}/{self.snapshot_id} is not in the {service}'s store: take it first (`simrun submit`"
+            " does); services run apart must share one store"
+        )
+
 
 class Identity(BaseModel):
     """Who submitted a run: a person (the cluster's owner or another) or an agent acting for one."""

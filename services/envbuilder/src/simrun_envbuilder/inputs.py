@@ -121,7 +121,7 @@ def read_inputs(store: StoreLayout, snapshots: list[SnapshotRef]) -> ModelInputs
     for ref in snapshots:
         root = ref.resolve(store)
         if not root.is_dir():
-            raise NotFound(f"snapshot {ref.name}/{ref.snapshot_id} is not in the store: upload it first")
+            raise NotFound(ref.not_in_store("environment builder"))
         roots.append(root)
     model = Source(snapshots[0], roots[0], PurePosixPath("."), _read(roots[0] / "pyproject.toml"))
     if model.pyproject is None or "project" not in model.project:

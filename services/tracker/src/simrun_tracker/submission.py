@@ -53,7 +53,7 @@ def check_snapshots(store: StoreLayout, snapshots: list[SnapshotRef]) -> Path:
     roots = [snapshot.resolve(store) for snapshot in snapshots]
     for snapshot, root in zip(snapshots, roots, strict=True):
         if not root.is_dir():
-            raise NotFound(f"snapshot {snapshot.name}/{snapshot.snapshot_id} is not in the store: upload it first")
+            raise NotFound(snapshot.not_in_store("tracker"))
     return roots[0]
 
 
