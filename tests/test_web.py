@@ -255,6 +255,14 @@ def test_an_output_downloads_and_its_heatmap_has_a_mark_per_unit(owner: Any, ser
     marks = owner.find_elements("css selector", "#plot g.mark-rect.role-mark path")
     assert len(marks) == len(xs) * len(ys)
     shoot(owner, "table")
+    # y set to none: the histogram of x, a bar per value.
+    from selenium.webdriver.support.select import Select
+
+    Select(owner.find_element("css selector", "#columns select[name=y]")).select_by_value("")
+    owner.find_element("css selector", "#columns button").click()
+    wait_for(lambda: owner.find_element("id", "plot").get_attribute("data-ready") == "true", 30, "the histogram")
+    assert _text(owner, "kind") == "histogram"
+    assert len(owner.find_elements("css selector", "#plot g.mark-rect.role-mark path")) == len(xs)
     assert console_errors(owner) == []
 
 

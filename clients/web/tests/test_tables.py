@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from simrun_core.errors import InvalidArgument
-from simrun_web.tables import Table, parse_table, plot_kind, plot_spec
+from simrun_web.tables import Table, first_axes, parse_table, plot_kind, plot_spec
 
 
 def test_a_csv_grid_is_a_heatmap_with_a_mark_per_row() -> None:
@@ -29,6 +29,22 @@ def test_an_ordered_axis_is_lines_one_column_a_histogram_and_the_rest_points() -
     assert plot_kind(shuffled, "a", "b") == "point"
     histogram = plot_spec(table, "v")
     assert histogram["encoding"]["y"]["aggregate"] == "count" and histogram["encoding"]["x"]["bin"]
+
+
+def test_a_table_is_first_plotted_as_its_scanned_grid_else_its_numbers() -> None:
+    # A scan's table as models write them: an index and a label first, its two settings, then what it measured.
+    scan = [
+        {"unit": i, "label": f"p{i}", "rate": r, "dose": d, "auc": r * d, "s": 0.1}
+        for i, (r, d) in enumerate((r, d) for r in (0.1, 0.2, 0.5) for d in (1, 2, 4, 8))
+    ]
+    table = Table(["unit", "label", "rate", "dose", "auc", "s"], scan)
+    assert first_axes(table) == ("rate", "dose", "auc") and plot_kind(table, "rate", "dose") == "heatmap"
+    curve = Table(["name", "t", "v"], [{"name": "a", "t": t, "v": t * t} for t in range(6)])
+    assert first_axes(curve) == ("t", "v", "")
+    words = Table(["w", "n"], [{"w": "x", "n": "y"}])
+    assert first_axes(words) == ("w", "n", "")
+    assert first_axes(Table(["v"], [{"v": 1}, {"v": 2}])) == ("v", "", "")
+    assert first_axes(Table([], [])) == ("", "", "")
 
 
 def test_json_lines_and_a_json_array_are_tables_and_nested_values_become_text() -> None:

@@ -493,10 +493,8 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         color: str = "",
     ) -> Response:
         table = load_table(session, run_id, task_id, port, path)
-        x = x or (table.columns[0] if table.columns else "")
-        y = y if y or len(table.columns) < 2 else table.columns[1]
-        if color == "" and len(table.columns) > 2 and tables.plot_kind(table, x, y) == "heatmap":
-            color = next((c for c in table.columns if c not in (x, y) and table.numeric(c)), "")
+        if not x:  # first opened: the plot the table's columns call for; chosen columns are kept as chosen
+            x, y, color = tables.first_axes(table)
         if x:
             tables.plot_spec(table, x, y or None, color or None)  # refuses a column the table lacks
         chosen = {"port": port, "path": path, "x": x, "y": y, "color": color}

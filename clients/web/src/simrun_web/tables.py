@@ -143,6 +143,32 @@ def _grid(table: Table, x: str, y: str) -> bool:
     return len(xs) > 1 and len(ys) > 1 and len(xs) * len(ys) <= 2 * len(distinct)
 
 
+def first_axes(table: Table) -> tuple[str, str, str]:
+    """The x, y and colour a table is first plotted with: the first two columns that form a grid, as the
+    parameters of a scan do, shaded by the first other numeric column (a heatmap); else the first two numeric
+    columns; else the first two columns (one column alone: its histogram)."""
+    rows = len(table.rows)
+    distinct = {c: len({row.get(c) for row in table.rows}) for c in table.columns}
+    for i, x in enumerate(table.columns):
+        for y in table.columns[i + 1 :]:
+            # A column unique to each row is an index, not a scanned setting; and a grid's counts (each pair
+            # once, most of the grid there) are checked before its pairs are read.
+            axes = 1 < distinct[x] < rows and 1 < distinct[y] < rows
+            if axes and rows <= distinct[x] * distinct[y] <= 2 * rows and _grid(table, x, y):
+                return x, y, _shade(table, x, y) or ""
+    numeric = [c for c in table.columns if table.numeric(c)]
+    chosen = numeric[:2] if len(numeric) > 1 else table.columns[:2]
+    return (chosen[0] if chosen else ""), (chosen[1] if len(chosen) > 1 else ""), ""
+
+
+def _shade(table: Table, x: str, y: str) -> str | None:
+    """The column a heatmap of x and y is coloured by, unless one is chosen: the first numeric column after both
+    (what was measured at each setting comes after the settings), else any other numeric column."""
+    after = table.columns[max(table.columns.index(x), table.columns.index(y)) + 1 :]
+    others = [c for c in (*after, *table.columns) if c not in (x, y)]
+    return next((c for c in others if table.numeric(c)), None)
+
+
 def plot_kind(table: Table, x: str, y: str | None) -> str:
     """`histogram`, `heatmap`, `line` or `point`: the plot the chosen columns call for."""
     if not y:
@@ -192,7 +218,7 @@ def plot_spec(table: Table, x: str, y: str | None = None, color: str | None = No
         return spec
     if kind == "heatmap":
         assert y is not None
-        shade = color or next((c for c in table.columns if c not in (x, y) and table.numeric(c)), None)
+        shade = color or _shade(table, x, y)
         spec["mark"] = {"type": "rect", "tooltip": True}
         spec["encoding"] = {
             "x": _field(table, x, ordinal=True),
