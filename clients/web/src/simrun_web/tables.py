@@ -3,7 +3,7 @@
 A table is CSV (a header row), JSON lines (one object per line), a JSON array of objects, or Parquet (read with
 pyarrow). The plot follows the columns chosen: one column alone is a histogram; x and y that form a grid (each pair
 once, most of the grid there) are a heatmap coloured by a third column; an ordered numeric x gives lines (one per
-colour); anything else points.
+colour); anything else points. First opened, a table is plotted as its scanned grid where it has one.
 """
 
 from __future__ import annotations
