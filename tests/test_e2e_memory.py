@@ -38,7 +38,7 @@ def test_a_unit_past_its_memory_is_retried_with_one_and_a_half_times_and_succeed
     assert (kill.task_id, kill.worker, kill.memory_gb) == ("hog", "w0", 1)
     # The task's pod, both attempts together: started twice, killed once for memory, its peak measured.
     [pod] = final.tasks[0].pods
-    assert (pod.worker, pod.attempts, pod.oom_kills, pod.sigkills) == ("w0", 2, 1, 0)
+    assert (pod.worker, pod.attempts, pod.oom_kills, pod.sigkills, pod.memory_gb) == ("w0", 2, 1, 0, 2)
     assert not pod.HasField("peak_memory_gb") or pod.peak_memory_gb > 1.3
     task = StoreLayout(server.config.store).run(run.run_id).task("hog")
     assert json.loads(task.summary.read_text()) == {"mib": 1400}

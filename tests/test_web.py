@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -285,26 +286,51 @@ def test_two_runs_compare_with_their_differing_setting(owner: Any, served: Serve
 
 
 def test_the_cluster_page_shows_the_nodes_and_who_holds_them(owner: Any, served: Served) -> None:
-    run_id = served.submit("holding", {"xs": [1, 2, 3, 4], "ys": [1, 2], "seconds": 30.0})  # cancelled at the end
-    served.wait(run_id, "running")
-    owner.get(f"http://{served.web}/cluster")
-    assert "node-a" in _text(owner, "nodes")
-    wait_for(lambda: "alice" in _text(owner, "holders"), 5, "alice among the holders")
-    # The holder's one pod of 2 cores (its plan), of the node's 2, and the memory the executor measured in it.
-    assert _text(owner, "in-use").startswith("The running tasks' 1 pod holds, as planned, 2 of 2 cores and 1 of 8 GiB")
-    row = owner.find_elements("css selector", "#nodes tbody tr td")
-    assert [cell.text for cell in row[6:8]] == ["1", "2 cores, 1 GiB"]
+    run_id = served.submit("holding", {"xs": [1, 2, 3, 4], "ys": [1, 2], "seconds": 30.0})
+    try:
+        served.wait(run_id, "running")
+        owner.get(f"http://{served.web}/cluster")
+        assert "node-a" in _text(owner, "nodes")
+        wait_for(lambda: "alice" in _text(owner, "holders"), 5, "alice among the holders")
+        # The holder's one pod of 2 cores (its plan), of the node's 2, and the memory the executor measured in it.
+        assert _text(owner, "in-use").startswith(
+            "The running tasks' 1 pod holds, as planned, 2 of 2 cores and 1 of 8 GiB"
+        )
+        row = owner.find_elements("css selector", "#nodes tbody tr td")
+        assert [cell.text for cell in row[6:8]] == ["1", "2 cores, 1 GiB"]
 
-    def measured() -> str | None:  # the pod's peak is first told a second after it starts: the page is loaded again
-        owner.refresh()
-        shown = owner.find_elements("css selector", "#nodes tbody tr td")[8].text
-        mib = re.fullmatch(r"(\d+(\.\d)?) MiB", shown)  # a Python process, under 1 GiB
-        return shown if mib and float(mib.group(1)) > 0 else None  # 0 until the pod has run a second
+        def measured() -> str | None:  # its peak is first told a second after it starts: the page is loaded again
+            owner.refresh()
+            shown = owner.find_elements("css selector", "#nodes tbody tr td")[8].text
+            mib = re.fullmatch(r"(\d+(\.\d)?) MiB", shown)  # a Python process, under 1 GiB
+            return shown if mib and float(mib.group(1)) > 0 else None  # 0 until the pod has run a second
 
-    peak = wait_for(measured, 20, "the pod's measured peak")
-    assert f"measured in them adds up to {peak}." in _text(owner, "in-use")
-    shoot(owner, "cluster")
-    served.cli("cancel", run_id)
+        peak = wait_for(measured, 20, "the pod's measured peak")
+        assert f"measured in them adds up to {peak}." in _text(owner, "in-use")
+        shoot(owner, "cluster")
+
+        # Its pod killed by SIGKILL runs again at its retry memory: both pages show what it holds now.
+        _kill_pod(run_id, "w0")
+        wait_for(lambda: owner.refresh() or "2 of 2 cores and 2 of 8 GiB" in _text(owner, "in-use"), 30, "the retry")
+        owner.get(f"http://{served.web}/runs/{run_id}")
+        memory = owner.find_element("css selector", '#pods tr[data-worker="w0"] td[data-field="memory"]').text
+        assert memory == "2 GiB, its retry memory", memory
+    finally:  # a run left holding the node would hold up the tests after it
+        served.cli("cancel", run_id)
+
+
+def _kill_pod(run_id: str, worker: str) -> None:
+    """Kills a pod of the run by SIGKILL, as the kernel or a person would: its process group, found by its
+    runtime contract variables."""
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            variables = dict(v.split("=", 1) for v in environ.read_bytes().decode().split("\0") if "=" in v)
+        except OSError:
+            continue
+        if variables.get("SIMRUN_RUN_DIR", "").endswith(run_id) and variables.get("SIMRUN_WORKER") == worker:
+            os.killpg(os.getpgid(int(environ.parent.name)), signal.SIGKILL)
+            return
+    raise AssertionError(f"no process of pod {worker} of run {run_id}")
 
 
 def test_a_run_is_cancelled_from_its_page(owner: Any, served: Served) -> None:

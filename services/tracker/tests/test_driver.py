@@ -638,26 +638,29 @@ def test_a_sigkill_survives_a_restart_and_the_second_fails_the_run(make_world) -
     assert record.state == RunState.FAILED and "not retried again" in record.message and record.oom_kills == []
 
 
-def test_the_node_each_pod_ran_on_is_kept_in_the_record_and_shown_with_its_pod(make_world) -> None:
+def test_the_node_each_pod_ran_on_and_its_memory_are_kept_in_the_record_and_shown_with_its_pod(make_world) -> None:
     from simrun_tracker.convert import run_message
 
     world = make_world(FakeExecutor([Node("n1", cores=1, memory_gb=16), Node("n2", cores=4, memory_gb=16)]))
     world.submit(task("fit"))
     placed = world.until(lambda r: r.tasks["fit"].nodes.get("w0") is not None)
     node = placed.tasks["fit"].nodes["w0"]
+    spec = world.executor.status("r1", "fit").spec
     assert node == world.executor.status("r1", "fit").node and node in {"n1", "n2"}
+    assert placed.tasks["fit"].memory_gb == {"w0": spec.memory_gb}
     world.executor.exit("r1", "fit", code=137)  # retried: the pod leaves its node, and is placed again
     world.until(lambda r: r.tasks["fit"].attempts.get("w0") == 2)
     world.executor.exit("r1", "fit", code=0)
     record = world.until(lambda r: r.state.final)
     assert record.state == RunState.SUCCEEDED and record.tasks["fit"].nodes == {"w0": node}
+    assert spec.retry_memory_gb > spec.memory_gb and record.tasks["fit"].memory_gb == {"w0": spec.retry_memory_gb}
     (pod,) = run_message(record).tasks[0].pods
-    assert (pod.worker, pod.node, pod.attempts, pod.sigkills) == ("w0", node, 2, 1)
-    # A record written before nodes were kept is read as before: its pods name no node.
+    assert (pod.worker, pod.node, pod.attempts, pod.sigkills, pod.memory_gb) == ("w0", node, 2, 1, spec.retry_memory_gb)
+    # A record written before nodes and memory were kept is read as before: its pods name neither.
     old = record.model_dump(mode="json")
-    del old["tasks"]["fit"]["nodes"]
+    del old["tasks"]["fit"]["nodes"], old["tasks"]["fit"]["memory_gb"]
     (old_pod,) = run_message(RunRecord.model_validate(old)).tasks[0].pods
-    assert not old_pod.HasField("node") and old_pod.attempts == 2
+    assert not old_pod.HasField("node") and not old_pod.HasField("memory_gb") and old_pod.attempts == 2
 
 
 def _watcher(reader: RunReader, hangup: Hangup | None = None, alive: Callable[[], bool] | None = None) -> Any:

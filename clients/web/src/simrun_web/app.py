@@ -621,9 +621,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
                     continue
                 shape = (task.get("plan") or {}).get("shape") or {}
                 for pod in task.get("pods", []):
-                    # A pod killed once (for memory or by SIGKILL) runs again at the plan's retry memory.
-                    retried = pod.get("oom_kills", 0) or pod.get("sigkills", 0)
-                    memory = shape.get("retry_memory_gb" if retried else "memory_gb", 0)
+                    memory = pod.get("memory_gb", shape.get("memory_gb", 0))  # a record from before it was kept
                     node = per_node.setdefault(pod.get("node", "(not placed)"), _node_use())
                     for held in (counts, node):
                         held["pods"] += 1

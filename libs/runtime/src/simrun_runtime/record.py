@@ -134,6 +134,11 @@ class TaskRecord(BaseModel):
         default_factory=dict,
         description="worker -> the node its latest attempt was placed on, as the executor names it (`simrun nodes`)",
     )
+    memory_gb: dict[str, float] = Field(
+        default_factory=dict,
+        description="worker -> the memory its latest attempt runs at, GiB: the plan's, or its retry memory once "
+        "killed (its limit, and what it asks its node for)",
+    )
     state: TaskState = TaskState.PENDING
     message: str = ""
     started_at: datetime | None = None

@@ -163,6 +163,8 @@ def run_message(record: RunRecord, progress: list[TaskProgress] | None = None) -
                 pod.peak_memory_gb = task.measured_memory_gb[worker]
             if worker in task.nodes:
                 pod.node = task.nodes[worker]
+            if worker in task.memory_gb:
+                pod.memory_gb = task.memory_gb[worker]
     for snapshot in record.snapshots:
         run.snapshots.add(
             name=snapshot.name,

@@ -387,10 +387,12 @@ class Driver:
     def _record_pods(self, record: RunRecord, task: TaskRecord, pods: list[PodStatus]) -> None:
         """Keeps in the record what a restarted tracker must re-apply (attempts, SIGKILLs and memory kills per
         worker), the memory the executor measured in each worker's pods, which bounds what its reports claim, and
-        the node its latest attempt was placed on (kept once the pod has left it)."""
+        the node its latest attempt was placed on and the memory it runs at (kept once the pod has left it)."""
         for pod in pods:
             if pod.node and task.nodes.get(pod.spec.worker) != pod.node:
                 task.nodes[pod.spec.worker] = pod.node
+            if pod.attempts and pod.memory_gb and task.memory_gb.get(pod.spec.worker) != pod.memory_gb:
+                task.memory_gb[pod.spec.worker] = pod.memory_gb
             if pod.attempts and task.attempts.get(pod.spec.worker, 0) != pod.attempts:
                 task.attempts[pod.spec.worker] = pod.attempts
             if pod.sigkills and task.sigkills.get(pod.spec.worker, 0) != pod.sigkills:

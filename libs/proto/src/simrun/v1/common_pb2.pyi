@@ -892,6 +892,7 @@ class TaskPod(_message.Message):
     SIGKILLS_FIELD_NUMBER: _builtins.int
     PEAK_MEMORY_GB_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
+    MEMORY_GB_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     """The worker: w0 for the coordinator (or the task's one pod), w1, w2, … for the extra workers."""
     attempts: _builtins.int
@@ -906,6 +907,11 @@ class TaskPod(_message.Message):
     """The node its latest attempt was placed on, as `simrun nodes` names it; absent before it was placed (or in a
     record written before nodes were kept).
     """
+    memory_gb: _builtins.float
+    """The memory its latest attempt runs at (its limit, and what it asks its node for), GiB: the plan's memory, or
+    its retry memory once killed for memory or by SIGKILL; absent before it was started (or in a record written
+    before it was kept).
+    """
     def __init__(
         self,
         *,
@@ -915,15 +921,20 @@ class TaskPod(_message.Message):
         sigkills: _builtins.int = ...,
         peak_memory_gb: _builtins.float | None = ...,
         node: _builtins.str | None = ...,
+        memory_gb: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_node", b"_node", "_peak_memory_gb", b"_peak_memory_gb", "node", b"node", "peak_memory_gb", b"peak_memory_gb"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_memory_gb", b"_memory_gb", "_node", b"_node", "_peak_memory_gb", b"_peak_memory_gb", "memory_gb", b"memory_gb", "node", b"node", "peak_memory_gb", b"peak_memory_gb"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_node", b"_node", "_peak_memory_gb", b"_peak_memory_gb", "attempts", b"attempts", "node", b"node", "oom_kills", b"oom_kills", "peak_memory_gb", b"peak_memory_gb", "sigkills", b"sigkills", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memory_gb", b"_memory_gb", "_node", b"_node", "_peak_memory_gb", b"_peak_memory_gb", "attempts", b"attempts", "memory_gb", b"memory_gb", "node", b"node", "oom_kills", b"oom_kills", "peak_memory_gb", b"peak_memory_gb", "sigkills", b"sigkills", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__memory_gb: _TypeAlias = _typing.Literal["memory_gb"]  # noqa: Y015
+    _WhichOneofArgType__memory_gb: _TypeAlias = _typing.Literal["_memory_gb", b"_memory_gb"]  # noqa: Y015
     _WhichOneofReturnType__node: _TypeAlias = _typing.Literal["node"]  # noqa: Y015
     _WhichOneofArgType__node: _TypeAlias = _typing.Literal["_node", b"_node"]  # noqa: Y015
     _WhichOneofReturnType__peak_memory_gb: _TypeAlias = _typing.Literal["peak_memory_gb"]  # noqa: Y015
     _WhichOneofArgType__peak_memory_gb: _TypeAlias = _typing.Literal["_peak_memory_gb", b"_peak_memory_gb"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_gb) -> _WhichOneofReturnType__memory_gb | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__node) -> _WhichOneofReturnType__node | None: ...
     @_typing.overload
