@@ -267,6 +267,24 @@ def test_an_output_downloads_and_its_heatmap_has_a_mark_per_unit(owner: Any, ser
     assert console_errors(owner) == []
 
 
+def test_a_parquet_output_is_plotted_first_as_its_grid(owner: Any, served: Served) -> None:
+    xs, ys = [1, 2, 3], [5, 6]
+    run_id = served.submit("parquet", {"xs": xs, "ys": ys, "parquet": True, "note": "pq"})
+    served.wait(run_id, "succeeded")
+    owner.get(f"http://{served.web}/runs/{run_id}")
+    owner.find_element("css selector", '#outputs a.plot[href$="grid.parquet"]').click()
+    wait_for(lambda: owner.find_element("id", "plot").get_attribute("data-ready") == "true", 30, "the plot")
+    assert _text(owner, "kind") == "heatmap"
+    chosen = [owner.find_element("css selector", f"#columns select[name={axis}]") for axis in ("x", "y", "color")]
+    assert [axis.get_attribute("value") for axis in chosen] == ["x", "y", "value"]
+    assert len(owner.find_elements("css selector", "#plot g.mark-rect.role-mark path")) == len(xs) * len(ys)
+    rows = [
+        [cell.text for cell in row.find_elements("css selector", "td")]
+        for row in owner.find_elements("css selector", "table.preview tbody tr")
+    ]
+    assert rows[0] == ["1.0", "5.0", "6.0", "pq"] and len(rows) == len(xs) * len(ys), rows
+
+
 def test_two_runs_compare_with_their_differing_setting(owner: Any, served: Served) -> None:
     first = served.submit("cmp-a", {"xs": [1, 2], "ys": [1.0], "seconds": 0.0})
     second = served.submit("cmp-b", {"xs": [1, 2], "ys": [5.0], "seconds": 0.1})

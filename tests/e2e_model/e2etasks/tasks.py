@@ -106,11 +106,13 @@ class GridSettings(TaskSettings):
     seconds: float = 0.0
     note: str = ""
     fail_with: str = ""
+    parquet: bool = False
 
 
 class Grid(SplitTaskType):
     """A two-parameter scan: unit i is the point (xs[i % len(xs)], ys[i // len(xs)]), its value x*x + y; the merge
-    writes grid.csv (x, y, value, note), one row per unit, and fails with `fail_with` as its message when set."""
+    writes grid.csv (x, y, value, note), one row per unit (and the same as grid.parquet with `parquet`, where
+    pyarrow is installed), and fails with `fail_with` as its message when set."""
 
     Settings = GridSettings
     outputs = ("grid",)
@@ -133,4 +135,12 @@ class Grid(SplitTaskType):
             writer = csv.writer(table, lineterminator="\n")
             writer.writerow(["x", "y", "value", "note"])
             writer.writerows([p["x"], p["y"], p["value"], settings.note] for p in points)
+        if settings.parquet:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            columns = {name: [p[name] for p in points] for name in ("x", "y", "value")}
+            pq.write_table(
+                pa.table({**columns, "note": [settings.note] * len(points)}), merge.outputs["grid"] / "grid.parquet"
+            )
         return {"max": max(p["value"] for p in points), "points": len(points), "note": settings.note}
