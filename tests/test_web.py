@@ -311,11 +311,11 @@ def test_the_cluster_page_shows_the_nodes_and_who_holds_them(owner: Any, served:
         assert "node-a" in _text(owner, "nodes")
         wait_for(lambda: "alice" in _text(owner, "holders"), 5, "alice among the holders")
         # The holder's one pod of 2 cores (its plan), of the node's 2, and the memory the executor measured in it.
-        assert _text(owner, "in-use").startswith(
-            "The running tasks' 1 pod holds, as planned, 2 of 2 cores and 1 of 8 GiB"
-        )
+        assert _text(owner, "in-use").startswith("The running tasks' 1 pod holds 2 of 2 cores and 1 of 8 GiB")
         row = owner.find_elements("css selector", "#nodes tbody tr td")
         assert [cell.text for cell in row[6:8]] == ["1", "2 cores, 1 GiB"]
+        queued = owner.find_elements("css selector", f'#queue tr[data-run="{run_id}"] td')
+        assert [cell.text for cell in queued[3:7]] == ["running", "1", "2", "1 GiB"]
 
         def measured() -> str | None:  # its peak is first told a second after it starts: the page is loaded again
             owner.refresh()

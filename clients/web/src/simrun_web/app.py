@@ -610,20 +610,22 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             for run in session.client.list_runs(state=run_state(state), page_size=200)
         ]
         by_identity: dict[str, dict[str, float]] = {}
-        per_node: dict[str, dict[str, Any]] = {n.name: _node_use() for n in nodes}
+        per_node: dict[str, dict[str, Any]] = {n.name: _held() for n in nodes}
+        per_run: dict[str, dict[str, Any]] = {}
         for run in active:
             counts = by_identity.setdefault(
                 run["owner"], {"running": 0, "queued": 0, "pods": 0, "cores": 0, "memory_gb": 0}
             )
             counts[run["state"]] += 1
+            held_by_run = per_run[run["run_id"]] = _held()
             for task in run.get("tasks", []):
                 if task["state"] != "running":
                     continue
                 shape = (task.get("plan") or {}).get("shape") or {}
                 for pod in task.get("pods", []):
                     memory = pod.get("memory_gb", shape.get("memory_gb", 0))  # a record from before it was kept
-                    node = per_node.setdefault(pod.get("node", "(not placed)"), _node_use())
-                    for held in (counts, node):
+                    node = per_node.setdefault(pod.get("node", "(not placed)"), _held())
+                    for held in (counts, node, held_by_run):
                         held["pods"] += 1
                         held["cores"] += shape.get("cores", 0)
                         held["memory_gb"] += memory
@@ -658,6 +660,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             active=active,
             by_identity=by_identity,
             per_node=per_node,
+            per_run=per_run,
             in_use=in_use,
             total=total,
         )
@@ -665,8 +668,8 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
     return app
 
 
-def _node_use() -> dict[str, Any]:
-    """What the running tasks' pods placed on a node hold as planned, and the sum of their measured peaks (None
+def _held() -> dict[str, Any]:
+    """What the running tasks' pods of a node (or of a run) hold, and the sum of their measured peaks (None
     while none of them is measured)."""
     return {"pods": 0, "cores": 0, "memory_gb": 0, "measured_gb": None}
 
