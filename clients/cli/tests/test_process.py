@@ -246,6 +246,31 @@ def test_a_second_server_on_the_same_port_or_store_is_refused(served: tuple[str,
     assert "uses the store" in shared.stderr
 
 
+def test_a_port_whose_closed_connections_wait_out_time_wait_is_free_and_a_listened_one_is_not() -> None:
+    """A server killed with connections open (its own web view's to its gateway, a client's) closes them first, so
+    they wait in TIME_WAIT on its port for a minute: its restart on that port must not be refused for them."""
+    import socket
+
+    from simrun_cli.server import check_port_free
+    from simrun_core.errors import FailedPrecondition
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    with pytest.raises(FailedPrecondition, match="is another simrun server running"):
+        check_port_free(address)
+    client = socket.create_connection(listener.getsockname())
+    accepted, _ = listener.accept()
+    accepted.close()  # the server's side closes first, and waits in TIME_WAIT
+    listener.close()
+    try:
+        check_port_free(address)
+    finally:
+        client.close()
+
+
 def test_the_constants_written_out_for_a_quick_start_match_their_sources() -> None:
     from simrun.v1 import common_pb2
     from simrun_cli.main import RUN_STATES

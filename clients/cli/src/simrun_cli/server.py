@@ -61,6 +61,8 @@ def check_address(address: str) -> str:
 
 def check_port_free(address: str) -> None:
     """Refuses an address another process listens at: grpc binds with SO_REUSEPORT, so it would share the port.
+    The probe binds as grpc does, with SO_REUSEADDR, so the connections a killed server closed first (waiting out
+    TIME_WAIT for a minute) do not refuse its restart.
 
     Raises:
         FailedPrecondition: the port is taken.
@@ -71,6 +73,7 @@ def check_port_free(address: str) -> None:
         return
     family, kind, proto, _, sockaddr = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
     with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(sockaddr)
         except OSError as exc:
