@@ -271,6 +271,29 @@ def test_a_port_whose_closed_connections_wait_out_time_wait_is_free_and_a_listen
         client.close()
 
 
+def test_a_server_killed_after_its_web_view_was_used_restarts_on_its_ports_at_once(tmp_path: Path) -> None:
+    import requests
+
+    endpoint, web = _free_endpoint(), _free_endpoint()
+    env = _env(tmp_path / "home", SIMRUN_ENDPOINT=endpoint, SIMRUN_WEB_ADDRESS=web)
+
+    def serving() -> subprocess.Popen[bytes]:
+        server = subprocess.Popen([SIMRUN, "server"], stdout=subprocess.DEVNULL, env=env, start_new_session=True)
+        ready = subprocess.run([SIMRUN, "whoami", "--wait", "30"], capture_output=True, text=True, env=env, timeout=60)
+        assert ready.returncode == 0 and server.poll() is None, (ready.stderr, server.poll())
+        return server
+
+    first = serving()
+    link = subprocess.run([SIMRUN, "ui", "--no-browser"], capture_output=True, text=True, env=env, timeout=30)
+    with requests.Session() as browser:  # the web view calls its gateway: a connection the kill closes first
+        assert browser.get(link.stdout.split()[-1], timeout=10).ok and browser.get(f"http://{web}/runs").ok
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    second = serving()  # at once: not refused while the closed connections wait out TIME_WAIT
+    os.killpg(second.pid, signal.SIGTERM)
+    second.wait(30)
+
+
 def test_the_constants_written_out_for_a_quick_start_match_their_sources() -> None:
     from simrun.v1 import common_pb2
     from simrun_cli.main import RUN_STATES
