@@ -60,9 +60,9 @@ def check_address(address: str) -> str:
 
 
 def check_port_free(address: str) -> None:
-    """Refuses an address another process listens at: grpc binds with SO_REUSEPORT, so it would share the port.
-    The probe binds as grpc does, with SO_REUSEADDR, so the connections a killed server closed first (waiting out
-    TIME_WAIT for a minute) do not refuse its restart.
+    """Refuses an address another process listens at, in one line before anything starts. The probe binds as
+    grpc does, with SO_REUSEADDR, so the connections a killed server closed first (waiting out TIME_WAIT for a
+    minute) do not refuse its restart.
 
     Raises:
         FailedPrecondition: the port is taken.
