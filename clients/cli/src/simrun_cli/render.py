@@ -7,7 +7,6 @@ only following a run (`--watch`) draws rich's live bars, imported then.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -15,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from simrun.v1 import common_pb2
+from simrun_client.compare import summary_value
 from simrun_core.text import printable
 
 from simrun_cli.plain import run_state, size, task_state, when, who
@@ -139,21 +139,6 @@ def summaries_table(comparison: tracker_pb2.CompareRunsResponse) -> list[str]:
         str(Styled("summaries", {"bold": True})),
         *table([Column("task"), Column("key"), Column("value", fold=True)], rows),
     ]
-
-
-def summary_value(text: str) -> str:
-    """A summary value (JSON) for people: numbers compact, strings unquoted, a missing value as `-`."""
-    if not text:
-        return "-"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
 
 
 def _count(n: int, noun: str) -> str:

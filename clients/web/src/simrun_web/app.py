@@ -24,7 +24,7 @@ from fastapi.templating import Jinja2Templates
 from google.protobuf.json_format import MessageToDict
 from simrun.v1 import common_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, run_state
-from simrun_client.compare import differing_settings
+from simrun_client.compare import differing_settings, summary_value
 from simrun_client.streams import AsyncStreams
 from simrun_core.errors import InvalidArgument, NotFound, SimrunError, Unauthenticated
 from simrun_web import live, tables
@@ -186,6 +186,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["tojson_attr"] = lambda value: json.dumps(value, separators=(",", ":"))
     templates.env.filters["memory"] = memory
+    templates.env.filters["value"] = summary_value  # a compared value reads as in the CLI's tables
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.middleware("http")
