@@ -213,13 +213,14 @@ def test_a_run_submitted_while_the_runs_page_is_open_appears_at_its_top(owner: A
     assert "No runs" in _text(owner, "runs")
     owner.execute_script("window.simrunMarker = 'same page';")
     elsewhere = served.submit("elsewhere", {"xs": [1], "ys": [1]}, group="live-other")
-    run_id = served.submit("appears", {"xs": [1, 2], "ys": [1]}, group="live-list")
+    run_id = served.submit("appears", {"xs": [1, 2], "ys": [1]}, group="live-list", who="agent")
     row = f'#runs tbody tr[data-run="{run_id}"]'
     wait_for(lambda: owner.find_elements("css selector", row), 20, "the new run's row")
     assert owner.find_element("css selector", "#runs tbody tr").get_attribute("data-run") == run_id  # at the top
     wait_for(lambda: owner.find_element("css selector", f'{row} [data-field="state"]').text == "succeeded", 60, "done")
     cells = [cell.text for cell in owner.find_elements("css selector", f"{row} td")]
-    assert cells[:4] == [run_id, "live-list", "alice", "succeeded"] and cells[4].startswith("1/1"), cells
+    assert cells[:4] == [run_id, "live-list", "bob-agent (agent of bob)", "succeeded"], cells
+    assert cells[4].startswith("1/1"), cells
     assert owner.find_element("css selector", f"{row} a").get_attribute("href").endswith(f"/runs/{run_id}")
     assert owner.find_elements("css selector", f'#runs tr[data-run="{elsewhere}"]') == []  # not the page's group
     assert "No runs" not in _text(owner, "runs")
@@ -415,6 +416,8 @@ def test_an_agent_sees_only_what_the_cli_shows_it(browser: Any, served: Served) 
     listed = {row.get_attribute("data-run") for row in browser.find_elements("css selector", "#runs tr[data-run]")}
     cli_listed = {run["run_id"] for run in json.loads(served.cli("list", "--json", who="agent").stdout).get("runs", [])}
     assert listed == cli_listed and own in listed and hidden not in listed
+    submitted_by = browser.find_elements("css selector", f'#runs tr[data-run="{own}"] td')[2].text
+    assert submitted_by == "bob-agent (agent of bob)", submitted_by  # as `simrun list` says it
     browser.get(f"http://{served.web}/runs/{hidden}")
     assert _text(browser, "message")  # the gateway's refusal, as `simrun status` would say it
     assert browser.find_elements("id", "run") == []

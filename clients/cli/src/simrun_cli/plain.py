@@ -53,13 +53,6 @@ def when(timestamp: Timestamp) -> str:
     return timestamp.ToDatetime(tzinfo=UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def who(identity: common_pb2.Identity) -> str:
-    """The identity's name, an agent's with the person it acts for; empty when unnamed."""
-    if not identity.name:
-        return ""
-    return f"{identity.name} (agent of {identity.on_behalf_of})" if identity.on_behalf_of else identity.name
-
-
 def size(size_bytes: int) -> str:
     """Bytes for people: B, KiB, MiB, GiB."""
     value = float(size_bytes)

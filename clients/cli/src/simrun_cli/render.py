@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from simrun.v1 import common_pb2
-from simrun_client.compare import summary_value
+from simrun_client.reading import summary_value, who
 from simrun_core.text import printable
 
-from simrun_cli.plain import run_state, size, task_state, when, who
+from simrun_cli.plain import run_state, size, task_state, when
 from simrun_cli.tables import Cell, Column, Styled, bar, echo, state, table
 
 if TYPE_CHECKING:

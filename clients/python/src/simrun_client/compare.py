@@ -1,5 +1,4 @@
-"""What runs differ in, as submitted, and how a compared value reads: the one reading of a comparison for every
-client."""
+"""What runs differ in, as submitted: the one reading of a comparison's settings for every client."""
 
 from __future__ import annotations
 
@@ -37,18 +36,3 @@ def _flatten(settings: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, 
             yield from _flatten(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
-
-
-def summary_value(text: str) -> str:
-    """A compared value (JSON) for people: numbers compact, strings unquoted, a missing value as `-`."""
-    if not text:
-        return "-"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return text
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)

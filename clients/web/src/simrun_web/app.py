@@ -24,7 +24,8 @@ from fastapi.templating import Jinja2Templates
 from google.protobuf.json_format import MessageToDict
 from simrun.v1 import common_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, run_state
-from simrun_client.compare import differing_settings, summary_value
+from simrun_client.compare import differing_settings
+from simrun_client.reading import summary_value, who
 from simrun_client.streams import AsyncStreams
 from simrun_core.errors import InvalidArgument, NotFound, SimrunError, Unauthenticated
 from simrun_web import live, tables
@@ -90,6 +91,7 @@ def run_view(run: common_pb2.Run) -> dict[str, Any]:
     data["state"] = _name(run.state, common_pb2.RunState, "RUN_STATE_")
     data["final"] = run.state in FINAL_RUN_STATES
     data["owner"] = run.identity.name
+    data["submitted_by"] = who(run.identity)
     data["priority"] = _name(run.identity.priority, common_pb2.Priority, "PRIORITY_")
     data["submitted"] = _when(run.create_time) if run.HasField("create_time") else ""
     data["ended"] = _when(run.end_time) if run.HasField("end_time") else ""
@@ -149,6 +151,7 @@ def new_run(run: common_pb2.Run, started: dict[str, tuple[float, int]]) -> dict[
         "new": True,
         "group": run.group,
         "owner": run.identity.name,
+        "submitted_by": who(run.identity),
         "submitted": _when(run.create_time) if run.HasField("create_time") else "",
     }
 

@@ -110,7 +110,7 @@ function newRunRow(table, run) {
   link.textContent = run.run_id;
   cell(row, null).append(link);
   cell(row, run.group);
-  cell(row, run.owner);
+  cell(row, run.submitted_by);
   cell(row, run.state, "state", "state state-" + run.state);
   const progress = cell(row, null, "progress");
   for (const name of ["done", "units"]) {
