@@ -53,11 +53,19 @@ class Served:
         assert not check or done.returncode == 0, done.stdout + done.stderr
         return done
 
-    def submit(self, name: str, settings: dict[str, Any], who: str = "owner", group: str = "webtest") -> str:
+    def submit(
+        self,
+        name: str,
+        settings: dict[str, Any],
+        who: str = "owner",
+        group: str = "webtest",
+        tasks: dict[str, Any] | None = None,
+    ) -> str:
+        """Submits a workflow of one Grid task with `settings`, or of `tasks` as given."""
         workflow = {
             "name": name,
             "group": group,
-            "tasks": {"grid": {"type": "e2etasks.tasks:Grid", "settings": settings}},
+            "tasks": tasks or {"grid": {"type": "e2etasks.tasks:Grid", "settings": settings}},
         }
         path = self.model / f"{name}.yaml"
         path.write_text(yaml.safe_dump(workflow))
@@ -190,9 +198,7 @@ def test_a_run_moves_to_succeeded_without_a_reload(owner: Any, served: Served) -
     assert len(seen) > 1, seen  # the units arrived as they were done
     assert owner.find_element("css selector", '#tasks tr[data-task="grid"] .count').text == "12/12"
     assert (
-        owner.find_element("css selector", '.dag li[data-task="grid"]')
-        .get_attribute("class")
-        .endswith("state-succeeded")
+        owner.find_element("css selector", '.dag [data-task="grid"]').get_attribute("class").endswith("state-succeeded")
     )
     # What the stream does not carry is fetched again as pods start and when the run ends, still without a reload.
     wait_for(lambda: owner.find_elements("css selector", '#pods tr[data-task="grid"][data-worker="w0"]'), 10, "pods")
@@ -205,6 +211,37 @@ def test_a_run_moves_to_succeeded_without_a_reload(owner: Any, served: Served) -
     (task,) = json.loads(served.cli("status", run_id, "--json").stdout)["tasks"]
     assert [(p["worker"], p["node"]) for p in task["pods"]] == [("w0", "node-a")]  # the CLI's JSON names it too
     shoot(owner, "run")
+    assert console_errors(owner) == []
+
+
+def test_a_run_s_tasks_are_drawn_as_their_graph_with_states_that_follow_the_run(owner: Any, served: Served) -> None:
+    tasks = {
+        "values": {"type": "e2etasks.tasks:Slow", "settings": {"units": 4, "seconds": 1.0}},
+        "total": {"type": "e2etasks.tasks:Sum", "inputs": {"values": "values.values"}},
+        "offset": {"type": "e2etasks.tasks:Sum", "inputs": {"values": "values.values"}, "settings": {"offset": 1}},
+    }
+    run_id = served.submit("graph", {}, tasks=tasks)
+    owner.get(f"http://{served.web}/runs/{run_id}")
+    boxes = owner.find_elements("css selector", "#dag g.task")
+    assert sorted(box.get_attribute("data-task") for box in boxes) == ["offset", "total", "values"]
+    edges = owner.find_elements("css selector", "#dag path.edge")
+    assert sorted((e.get_attribute("data-from"), e.get_attribute("data-to")) for e in edges) == [
+        ("values", "offset"),
+        ("values", "total"),
+    ]
+    # The readers stand in a column right of what they read.
+    x = {box.get_attribute("data-task"): box.find_element("css selector", "rect").rect["x"] for box in boxes}
+    assert x["values"] < x["total"] == x["offset"], x
+
+    def state(task: str) -> str:
+        return owner.find_element("css selector", f'#dag g[data-task="{task}"] text.state').text
+
+    wait_for(lambda: state("values") == "running", 60, "values running")
+    wait_for(lambda: [state(t) for t in tasks] == ["succeeded"] * 3, 90, "all succeeded, drawn live")
+    assert (
+        owner.find_element("css selector", '#dag g[data-task="total"]').get_attribute("class") == "task state-succeeded"
+    )
+    shoot(owner, "graph")
     assert console_errors(owner) == []
 
 

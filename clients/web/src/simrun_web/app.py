@@ -28,7 +28,7 @@ from simrun_client.compare import differing_settings
 from simrun_client.reading import summary_value, who
 from simrun_client.streams import AsyncStreams
 from simrun_core.errors import InvalidArgument, NotFound, SimrunError, Unauthenticated
-from simrun_web import live, tables
+from simrun_web import dag, live, tables
 from simrun_web.sessions import Session, Sessions
 
 HERE = Path(__file__).parent
@@ -411,6 +411,12 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             "run.html",
             session,
             run=view,
+            graph=dag.layout(
+                [
+                    (t.task_id, view_task["state"], t.inputs)
+                    for t, view_task in zip(run.tasks, view.get("tasks", []), strict=True)
+                ]
+            ),
             files=files,
             may_cancel=may_cancel,
             environment=environment_view(session, run.environment),

@@ -81,8 +81,13 @@ function runPage(root) {
       for (const task of run.tasks) {
         const row = root.querySelector('#tasks tr[data-task="' + CSS.escape(task.task_id) + '"]');
         if (row) updateTask(row, task);
-        const node = root.querySelector('.dag li[data-task="' + CSS.escape(task.task_id) + '"]');
-        if (node) { for (const c of [...node.classList]) if (c.startsWith("state-")) node.classList.remove(c); node.classList.add("state-" + task.state); }
+        const node = root.querySelector('.dag [data-task="' + CSS.escape(task.task_id) + '"]');
+        if (node) {
+          for (const c of [...node.classList]) if (c.startsWith("state-")) node.classList.remove(c);
+          node.classList.add("state-" + task.state);
+          setText(node, '[data-field="state"]', task.state);
+          setText(node, "title", task.task_id + ": " + task.state);
+        }
       }
       if (run.final) { const form = document.getElementById("cancel-form"); if (form) form.remove(); }
     },
