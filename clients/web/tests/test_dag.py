@@ -37,3 +37,9 @@ def test_an_input_of_no_task_draws_no_edge_and_a_long_name_is_cut() -> None:
 def test_no_tasks_is_an_empty_graph() -> None:
     graph = layout([])
     assert (graph.boxes, graph.edges, graph.width) == ([], [], 0.0)
+
+
+def test_a_chain_of_thousands_of_tasks_is_laid_out_without_recursion() -> None:
+    chain = [("t0", "succeeded", {})] + [(f"t{i}", "queued", {"in": f"t{i - 1}.out"}) for i in range(1, 5000)]
+    graph = layout(chain)
+    assert len(graph.edges) == 4999 and graph.boxes[-1].x > graph.boxes[-2].x

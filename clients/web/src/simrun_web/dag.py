@@ -56,17 +56,10 @@ def layout(tasks: Sequence[tuple[str, str, Mapping[str, str]]]) -> Graph:
         task_id: list(dict.fromkeys(ref.split(".", 1)[0] for ref in inputs.values() if ref.split(".", 1)[0] in known))
         for task_id, _, inputs in tasks
     }
-    depth: dict[str, int] = {}
-
-    def depth_of(task_id: str, seen: frozenset[str] = frozenset()) -> int:
-        if task_id not in depth:
-            before = [u for u in upstream[task_id] if u not in seen]  # a cycle is refused at submission
-            depth[task_id] = 1 + max((depth_of(u, seen | {task_id}) for u in before), default=-1)
-        return depth[task_id]
-
+    depth = _depths(ids, upstream)
     columns: dict[int, list[str]] = {}
     for task_id in ids:
-        columns.setdefault(depth_of(task_id), []).append(task_id)
+        columns.setdefault(depth[task_id], []).append(task_id)
     labels = {task_id: task_id if len(task_id) <= MAX_NAME else task_id[: MAX_NAME - 1] + "…" for task_id in ids}
     states = {task_id: state for task_id, state, _ in tasks}
     widths = {
@@ -97,3 +90,24 @@ def layout(tasks: Sequence[tuple[str, str, Mapping[str, str]]]) -> Graph:
             edges.append(Edge(source_id, task_id, path))
     width = x - COLUMN_GAP + MARGIN if boxes else 0.0
     return Graph(list(boxes.values()), edges, width, float(height))
+
+
+def _depths(ids: list[str], upstream: dict[str, list[str]]) -> dict[str, int]:
+    """Each task's longest chain of inputs, read in the order the inputs allow (without recursion: a server may take
+    workflows of thousands of tasks). Tasks on a cycle, which submission refuses, stand after the rest."""
+    waiting = {task_id: len(upstream[task_id]) for task_id in ids}
+    readers: dict[str, list[str]] = {task_id: [] for task_id in ids}
+    for task_id in ids:
+        for source in upstream[task_id]:
+            readers[source].append(task_id)
+    depth = dict.fromkeys(ids, 0)
+    ready = [task_id for task_id in ids if waiting[task_id] == 0]
+    while ready:
+        task_id = ready.pop()
+        for reader in readers[task_id]:
+            depth[reader] = max(depth[reader], depth[task_id] + 1)
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                ready.append(reader)
+    last = max(depth.values(), default=0) + 1
+    return {task_id: depth[task_id] if waiting[task_id] == 0 else last for task_id in ids}
