@@ -145,8 +145,8 @@ def _grid(table: Table, x: str, y: str) -> bool:
 
 def first_axes(table: Table) -> tuple[str, str, str]:
     """The x, y and colour a table is first plotted with: the first two columns that form a grid, as the
-    parameters of a scan do, shaded by the first other numeric column (a heatmap); else the first two numeric
-    columns; else the first two columns (one column alone: its histogram)."""
+    parameters of a scan do (a heatmap, shaded as `_shade` chooses); else the first two numeric columns; else the
+    first two columns (one column alone: its histogram)."""
     rows = len(table.rows)
     distinct = {c: len({row.get(c) for row in table.rows}) for c in table.columns}
     for i, x in enumerate(table.columns):
