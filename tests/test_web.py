@@ -339,6 +339,18 @@ def test_two_runs_compare_with_their_differing_setting(owner: Any, served: Serve
     assert len(owner.find_elements("css selector", "#plot g.mark-symbol.role-mark path")) == 2
     assert len(owner.find_elements("css selector", "#parallel g.mark-line.role-mark path")) == 2
     shoot(owner, "compare")
+    # Each page's JSON view holds what the CLI's --json prints.
+    json_link = owner.find_element("id", "json").get_attribute("href")
+    assert _json_view(owner, json_link) == json.loads(served.cli("compare", first, second, "--json").stdout)
+    assert _json_view(owner, f"http://{served.web}/runs/{first}?format=json") == json.loads(
+        served.cli("status", first, "--json").stdout
+    )
+    listed = _json_view(owner, f"http://{served.web}/runs?group=webtest&format=json")["runs"]
+    cli_listed = json.loads(served.cli("list", "--group", "webtest", "--json").stdout)["runs"]
+    assert [run["run_id"] for run in listed] == [run["run_id"] for run in cli_listed][: len(listed)]
+    cluster = _json_view(owner, f"http://{served.web}/cluster?format=json")
+    assert cluster["nodes"] == json.loads(served.cli("nodes", "--json").stdout)["nodes"]
+    assert {"held", "held_per_node", "by_identity", "runs"} <= cluster.keys()
 
 
 def test_the_cluster_page_shows_the_nodes_and_who_holds_them(owner: Any, served: Served) -> None:
@@ -401,6 +413,15 @@ def test_a_run_is_cancelled_from_its_page(owner: Any, served: Served) -> None:
         shoot(owner, "cancel-failed")
         raise
     served.wait(run_id, "cancelled", 10)
+
+
+def _json_view(owner: Any, url: str) -> Any:
+    """A page's JSON view (`format=json`), fetched with the logged-in session of the browser."""
+    cookie = owner.get_cookie("simrun_session")["value"]
+    request = urllib.request.Request(url, headers={"Cookie": f"simrun_session={cookie}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Type"] == "application/json"
+        return json.loads(response.read())
 
 
 def _post(url: str, data: dict[str, str], cookie: str, origin: str | None = None) -> int:

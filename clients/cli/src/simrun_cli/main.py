@@ -224,7 +224,9 @@ def status(run_id: str, watch: bool, as_json: bool, client: Client) -> None:
         return
     run = client.get_run(run_id)
     if as_json:
-        plain.echo_json(with_output_paths(client, run))
+        from simrun_client.reading import run_json
+
+        plain.echo_json(run_json(run, client.outputs(run.run_id)))
         return
     _show_run(client, run)
 
@@ -341,19 +343,6 @@ def logs(run_id: str, task_id: str, worker: str | None, follow: bool, unit: int 
             click.echo(f"==> {chunk.pod} <==")
             pod = chunk.pod
         click.echo(lines, nl=False)
-
-
-def with_output_paths(client: Client, run: common_pb2.Run) -> dict[str, Any]:
-    """The run's JSON, each task with `outputs`: its ports' folders in the store (relative to the store root)."""
-    data = plain.to_dict(run)
-    ports: dict[str, dict[str, str]] = {}
-    for file in client.outputs(run.run_id):
-        folder = file.store_path.removesuffix(file.path).rstrip("/")
-        ports.setdefault(file.task_id, {})[file.port] = folder
-    for task in data.get("tasks", []):
-        if task["task_id"] in ports:
-            task["outputs"] = ports[task["task_id"]]
-    return data
 
 
 def default_model(workflow: Path) -> Path | None:

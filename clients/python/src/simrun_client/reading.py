@@ -1,11 +1,27 @@
-"""How every client says a run's facts to people: who submitted it, and a compared value. Light (no grpc), so
-the CLI's quick read commands use it too."""
+"""How every client says a run's facts: its JSON, who submitted it, a compared value. Light (no grpc), so the
+CLI's quick read commands use it too."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from typing import Any
 
-from simrun.v1 import common_pb2
+from google.protobuf.json_format import MessageToDict
+from simrun.v1 import common_pb2, tracker_pb2
+
+
+def run_json(run: common_pb2.Run, files: Iterable[tracker_pb2.OutputFile]) -> dict[str, Any]:
+    """The run as `simrun status --json` prints it: the API's JSON, each task with `outputs`, its ports' folders in
+    the store (relative to the store root), from the run's output `files`."""
+    data = MessageToDict(run, preserving_proto_field_name=True)
+    ports: dict[str, dict[str, str]] = {}
+    for file in files:
+        ports.setdefault(file.task_id, {})[file.port] = file.store_path.removesuffix(file.path).rstrip("/")
+    for task in data.get("tasks", []):
+        if task["task_id"] in ports:
+            task["outputs"] = ports[task["task_id"]]
+    return data
 
 
 def who(identity: common_pb2.Identity) -> str:

@@ -22,10 +22,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from google.protobuf.json_format import MessageToDict
-from simrun.v1 import common_pb2
+from simrun.v1 import common_pb2, tracker_pb2
 from simrun_client.client import FINAL_RUN_STATES, Client, run_state
 from simrun_client.compare import differing_settings
-from simrun_client.reading import summary_value, who
+from simrun_client.reading import run_json, summary_value, who
 from simrun_client.streams import AsyncStreams
 from simrun_core.errors import InvalidArgument, NotFound, SimrunError, Unauthenticated
 from simrun_web import dag, live, tables
@@ -389,9 +389,9 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def run_page(request: Request, session: SessionOf, run_id: str, format: str = "") -> Response:
         run = session.client.get_run(run_id)
-        if format == "json":
-            return JSONResponse(MessageToDict(run, preserving_proto_field_name=True))
         outputs = session.client.outputs(run_id)
+        if format == "json":  # as `simrun status --json` prints it
+            return JSONResponse(run_json(run, outputs))
         view = run_view(run)
         may_cancel = not view["final"] and (
             run.identity.name == session.identity.name or session.identity.kind == "owner"
@@ -561,11 +561,16 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         group: str = "",
         x: str = "",
         y: str = "",
+        format: str = "",
     ) -> Response:
         runs = [r for value in runs or [] for r in value.replace(",", " ").split() if r]
         if not runs and not group:
             return page(request, "compare.html", session, compared=None, runs="", group="")
         compared = comparison(session, runs, group)
+        if format == "json":  # as `simrun compare --json` prints it
+            data = MessageToDict(compared["result"], preserving_proto_field_name=True)
+            data["settings"] = [{"task_id": t, "key": k, "values": v} for t, k, v in compared["settings"]]
+            return JSONResponse(data)
         settings = [f"{task}.{key}" for task, key, _ in compared["settings"]]
         summaries = [f"{row.task_id}.{row.key}" for row in compared["result"].rows]
         x = x if x in settings else (settings[0] if settings else "")
@@ -612,7 +617,7 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
         return JSONResponse(tables.parallel_spec(rows, numeric))
 
     @app.get("/cluster", response_class=HTMLResponse)
-    def cluster_page(request: Request, session: SessionOf) -> Response:
+    def cluster_page(request: Request, session: SessionOf, format: str = "") -> Response:
         nodes = session.client.nodes()
         active = [
             run_view(run)
@@ -662,6 +667,24 @@ def create_app(config: WebConfig, *, bounds: live.StreamBounds | None = None) ->
             "cores": sum(n.allocatable_cores or n.cores for n in nodes),
             "memory_gb": sum(n.allocatable_memory_gb or n.memory_gb for n in nodes),
         }
+        if format == "json":  # the nodes as `simrun nodes --json` prints them, and what the page adds up
+            held = {**in_use, "of_cores": total["cores"], "of_memory_gb": total["memory_gb"]}
+            queue = [
+                {key: run[key] for key in ("run_id", "owner", "submitted_by", "priority", "state", "gives_way")}
+                | {"held": per_run[run["run_id"]]}
+                for run in active
+            ]
+            return JSONResponse(
+                {
+                    "nodes": MessageToDict(
+                        tracker_pb2.ListNodesResponse(nodes=nodes), preserving_proto_field_name=True
+                    ).get("nodes", []),
+                    "held_per_node": per_node,
+                    "held": held,
+                    "by_identity": by_identity,
+                    "runs": queue,
+                }
+            )
         return page(
             request,
             "cluster.html",
