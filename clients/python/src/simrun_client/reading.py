@@ -7,13 +7,14 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from google.protobuf.json_format import MessageToDict
 from simrun.v1 import common_pb2, tracker_pb2
 
 
 def run_json(run: common_pb2.Run, files: Iterable[tracker_pb2.OutputFile]) -> dict[str, Any]:
     """The run as `simrun status --json` prints it: the API's JSON, each task with `outputs`, its ports' folders in
     the store (relative to the store root), from the run's output `files`."""
+    from google.protobuf.json_format import MessageToDict  # only here: the CLI's tables start without it
+
     data = MessageToDict(run, preserving_proto_field_name=True)
     ports: dict[str, dict[str, str]] = {}
     for file in files:
